@@ -1,0 +1,231 @@
+"""The six evaluation benchmarks (EAGLE / Spec-Bench prompt files): manifest, loading, download, checks.
+
+The manifest `datasets/benchmarks.json` pins every file to the SafeAILab/EAGLE commit and its SHA-256, so a run
+can record whether it used the official prompts byte for byte.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import SpecbenchError, unknown
+
+MANIFEST_PATH = Path(__file__).resolve().parent.parent / "datasets" / "benchmarks.json"
+DATA_ENV = "SPECBENCH_DATA"
+
+with MANIFEST_PATH.open(encoding="utf-8") as _f:
+    BENCHMARKS: dict[str, dict] = json.load(_f)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One benchmark prompt: its user turns, in order (2 for MT-Bench, else 1)."""
+
+    benchmark: str
+    question_id: int
+    category: str
+    turns: tuple[str, ...]
+
+
+def benchmark_names() -> list[str]:
+    """Benchmark names in manifest order (mt_bench, humaneval, gsm8k, alpaca, cnn_dm, nq)."""
+    return list(BENCHMARKS)
+
+
+def _check_benchmark(benchmark: str) -> dict:
+    if benchmark not in BENCHMARKS:
+        # EAGLE's folder names ("sum", "qa") are what users of its scripts will type first.
+        for name, entry in BENCHMARKS.items():
+            if entry["eagle_name"] == benchmark:
+                raise SpecbenchError(f"benchmark '{benchmark}' is EAGLE's folder name; here it is called '{name}'")
+        raise unknown("benchmark", benchmark, BENCHMARKS)
+    return BENCHMARKS[benchmark]
+
+
+def resolve_data_dir(data_dir: str | Path | None) -> Path:
+    """The benchmark data folder: `data_dir` if given, else $SPECBENCH_DATA; it must exist."""
+    source = "--data-dir"
+    if data_dir is None or str(data_dir) == "":
+        env = os.environ.get(DATA_ENV, "")
+        if not env:
+            raise SpecbenchError(
+                f"no benchmark data dir: pass --data-dir DIR or set {DATA_ENV} (e.g. ../shared/data), "
+                "or download with `cli.py fetch-data DIR`"
+            )
+        data_dir, source = env, f"${DATA_ENV}"
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise SpecbenchError(
+            f"benchmark data dir '{path}' (from {source}) does not exist or is not a folder; "
+            "point it at the folder holding mt_bench/, humaneval/, ... or run `cli.py fetch-data DIR`"
+        )
+    return path
+
+
+def _file_path(benchmark: str, data_dir: Path) -> Path:
+    entry = BENCHMARKS[benchmark]
+    return data_dir / entry["dir"] / entry["file"]
+
+
+def _parse(benchmark: str, path: Path) -> list[Question]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecbenchError(f"{path}: not valid UTF-8 ({exc.reason}); re-download with `cli.py fetch-data DIR --force`")
+    questions: list[Question] = []
+    seen: set[int] = set()
+    # split("\n") rather than a line count: cnn_dm and nq have no final newline; blank lines are skipped.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec: Any = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecbenchError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno}); fix or re-download the file")
+        if not isinstance(rec, dict):
+            raise SpecbenchError(f"{where}: expected a JSON object per line, got {type(rec).__name__}")
+        qid = rec.get("question_id")
+        if isinstance(qid, bool) or not isinstance(qid, int):
+            raise SpecbenchError(f"{where}: record needs an integer 'question_id'")
+        if qid in seen:
+            raise SpecbenchError(f"{where}: duplicate question_id {qid}")
+        seen.add(qid)
+        turns = rec.get("turns")
+        if not isinstance(turns, list) or not turns:
+            raise SpecbenchError(f"{where}: record {qid} needs a non-empty list 'turns'")
+        for i, turn in enumerate(turns, start=1):
+            if not isinstance(turn, str) or not turn.strip():
+                raise SpecbenchError(f"{where}: record {qid} has an empty or non-string turn {i}")
+        category = rec.get("category") or ""
+        questions.append(Question(benchmark, qid, str(category), tuple(turns)))
+    return questions
+
+
+def _stratified(questions: list[Question], limit: int) -> list[Question]:
+    # Round-robin over categories (order of first appearance), file order within each, so a small
+    # --limit covers every category instead of the first few lines (MT-Bench's first 10 are all "writing").
+    groups: dict[str, list[int]] = {}
+    for pos, q in enumerate(questions):
+        groups.setdefault(q.category, []).append(pos)
+    picked: list[int] = []
+    depth = 0
+    while len(picked) < limit:
+        for positions in groups.values():
+            if depth < len(positions) and len(picked) < limit:
+                picked.append(positions[depth])
+        depth += 1
+    return [questions[pos] for pos in sorted(picked)]
+
+
+def load_questions(
+    benchmark: str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    ids: list[int] | None = None,
+) -> list[Question]:
+    """Load a benchmark's questions, in file order.
+
+    `ids` picks those question ids (all must exist). `limit=N` then takes N spread evenly over the
+    categories (deterministic round-robin; see `_stratified`); N >= the count returns everything.
+    """
+    _check_benchmark(benchmark)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise SpecbenchError(f"--limit must be a positive number of questions, got {limit!r}; omit it to run all")
+    root = resolve_data_dir(data_dir)
+    path = _file_path(benchmark, root)
+    if not path.is_file():
+        raise SpecbenchError(
+            f"benchmark file '{path}' is missing; download it with `cli.py fetch-data {root}`"
+        )
+    questions = _parse(benchmark, path)
+    if ids is not None:
+        by_id = {q.question_id for q in questions}
+        missing = [i for i in dict.fromkeys(ids) if i not in by_id]
+        if missing:
+            valid = sorted(by_id)
+            few = ", ".join(map(str, valid[:5]))
+            raise SpecbenchError(
+                f"unknown question id(s) {', '.join(map(str, missing))} for {benchmark}; "
+                f"valid ids are {valid[0]}..{valid[-1]} ({len(valid)} in all, e.g. {few})"
+            )
+        wanted = set(ids)
+        questions = [q for q in questions if q.question_id in wanted]
+    if limit is not None and limit < len(questions):
+        questions = _stratified(questions, limit)
+    return questions
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fetch_data(
+    dest: Path,
+    benchmarks: list[str] | None = None,
+    *,
+    opener: Callable[[str], Any] = urllib.request.urlopen,
+    force: bool = False,
+) -> list[Path]:
+    """Download benchmark files from the manifest URLs into `dest/<dir>/question.jsonl`, checking SHA-256.
+
+    A file already present with the right hash is kept unless `force`. A bad download raises and leaves
+    nothing behind (written to a temp file, renamed only once verified). `opener(url)` must return a
+    context manager with `.read()` (urlopen; it also handles file:// URLs). Returns every requested path.
+    """
+    names = benchmark_names() if benchmarks is None else list(dict.fromkeys(benchmarks))
+    for name in names:
+        _check_benchmark(name)
+    dest = Path(dest).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise SpecbenchError(f"fetch-data destination '{dest}' is a file; pass a folder")
+    paths: list[Path] = []
+    for name in names:
+        entry = BENCHMARKS[name]
+        target = _file_path(name, dest)
+        paths.append(target)
+        if not force and target.is_file() and _sha256(target.read_bytes()) == entry["sha256"]:
+            continue
+        url = entry["url"]
+        try:
+            with opener(url) as resp:
+                data = resp.read()
+        except OSError as exc:  # URLError / HTTPError are OSErrors
+            raise SpecbenchError(f"could not download {name} from {url} ({exc}); check the network or copy the files by hand")
+        got = _sha256(data)
+        if got != entry["sha256"]:
+            raise SpecbenchError(
+                f"checksum mismatch for {name} from {url}: sha256 {got[:16]}... != expected "
+                f"{entry['sha256'][:16]}...; nothing was written, retry the download"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{entry['file']}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)  # atomic on one filesystem: readers never see a half-written file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return paths
+
+
+def verify_data_dir(data_dir: str | Path | None) -> dict[str, bool]:
+    """For each benchmark file present under `data_dir`: does it match the manifest SHA-256 (official prompts)?
+
+    Missing files are left out of the result.
+    """
+    root = resolve_data_dir(data_dir)
+    result: dict[str, bool] = {}
+    for name, entry in BENCHMARKS.items():
+        path = _file_path(name, root)
+        if path.is_file():
+            result[name] = _sha256(path.read_bytes()) == entry["sha256"]
+    return result

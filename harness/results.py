@@ -1,0 +1,412 @@
+"""Run directories, record keys, and the machine metadata stored beside every run.
+
+A run directory holds:
+- `meta.json`: the run config, its hash, the machine/software state (`collect_meta`) and the
+  start time of every (re)start of the run;
+- `records.jsonl`: one JSON object per answer, appended and fsynced one at a time so that a
+  crash loses at most the answer being written;
+- `summary.csv`: written by `harness.metrics.write_summary`.
+Tables and plots are rebuilt from these files alone, so everything that can explain a number
+(commit, versions, threads, CPU flags, load) is written here once per run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harness.errors import SpecbenchError
+
+# Fields joined (in this order) into a record's key; see `record_key`.
+KEY_FIELDS = (
+    "method", "config_hash", "benchmark", "question_id", "turn", "temperature", "acceptance", "seed",
+)
+# Packages whose versions change numbers (kernels, cache internals, quantisation readers).
+META_PACKAGES = ("torch", "transformers", "accelerate", "gguf", "pandas", "numpy", "specbench")
+# CPU flags that decide bf16 matmul speed on x86 (AMX > AVX512-BF16 > emulation on AVX2).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# Load left over for other processes before they compete with a run; see load_average_warning.
+LOAD_THRESHOLD = 0.5
+
+
+# ----------------------------------------------------------------------------- hashing and keys
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and compact separators: equal configs give equal strings.
+
+    Tuples serialise as lists and floats as `json` writes them (shortest repr), so a config read
+    back from meta.json hashes like the one that was written. Other objects (Path, enums) fall back
+    to `str` so that a config holding a path still hashes instead of crashing the run.
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(obj: Any) -> str:
+    """First 12 hex digits of sha256 over `canonical_json(obj)`; independent of key order."""
+    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:12]
+
+
+def record_key(rec: dict) -> str:
+    """The record's identity: `|`.join of method, config_hash, benchmark, question_id, turn,
+    temperature, acceptance, seed.
+
+    Numbers are normalised (temperature as a float repr, ids as ints) so that 0 and 0.0 give one
+    key. A record without `config_hash` takes the hash of its `method_config`.
+    """
+    chash = rec.get("config_hash") or config_hash(rec.get("method_config", {}))
+    parts = (
+        rec["method"], chash, rec["benchmark"], int(rec["question_id"]), int(rec["turn"]),
+        repr(float(rec["temperature"])), rec["acceptance"], int(rec["seed"]),
+    )
+    return "|".join(str(p) for p in parts)
+
+
+# ----------------------------------------------------------------------------- machine metadata
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str | None, frozenset[str]]:
+    """(model name, flags of the first CPU) from /proc/cpuinfo; (None, empty) off Linux."""
+    model, flags = None, frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name == "model name" and model is None:
+            model = value.strip()
+        elif name in ("flags", "Features") and not flags:  # "Features" on ARM
+            flags = frozenset(value.split())
+        if model is not None and flags:
+            break
+    return model, flags
+
+
+def cpu_flags() -> dict[str, bool]:
+    """The CPU flags that matter for bf16 speed: avx2, avx512f, avx512_bf16, amx_bf16, amx_tile.
+
+    All False where /proc/cpuinfo cannot be read (macOS, Windows): unknown is treated as absent.
+    """
+    flags = _cpuinfo()[1]
+    return {f: f in flags for f in CPU_FLAGS}
+
+
+def has_fast_bf16() -> bool:
+    """True when the CPU multiplies bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated
+    and usually slower than float32, so the target loader picks float32 instead."""
+    flags = cpu_flags()
+    return flags["amx_bf16"] or flags["avx512_bf16"]
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    """stdout of a git command, or None when git is missing, slow, or this is not a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout
+
+
+def _git_state() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout holding this file; (None, None) outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    commit = _git(["rev-parse", "HEAD"], here)
+    if commit is None:
+        return None, None
+    status = _git(["status", "--porcelain"], here)
+    return commit.strip(), (None if status is None else bool(status.strip()))
+
+
+def _package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in META_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _load_1m() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows has no load average
+        return None
+
+
+def _torch_state() -> tuple[int | None, str | None, int]:
+    """(torch threads, name of GPU 0 or None, GPU count); all empty when torch is missing."""
+    try:
+        import torch
+    except Exception:  # a broken torch install must not stop metadata collection
+        return None, None, 0
+    threads = torch.get_num_threads()
+    try:
+        if torch.cuda.is_available():
+            return threads, torch.cuda.get_device_name(0), torch.cuda.device_count()
+    except Exception:  # driver errors: report no GPU rather than fail the run
+        pass
+    return threads, None, 0
+
+
+def collect_meta() -> dict[str, Any]:
+    """Software and machine state for meta.json. Never raises: anything unknown is null.
+
+    Keys: commit, dirty, date, python, packages, torch_threads, platform, cpu_model, cpu_flags,
+    logical_cores, memory_gib, gpu, gpu_count, load_avg_1m, hostname.
+    """
+    commit, dirty = _git_state()
+    threads, gpu, gpu_count = _torch_state()
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "packages": _package_versions(),
+        "torch_threads": threads,
+        "platform": platform.platform(),
+        "cpu_model": _cpuinfo()[0] or platform.processor() or platform.machine() or None,
+        "cpu_flags": cpu_flags(),
+        "logical_cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "gpu": gpu,
+        "gpu_count": gpu_count,
+        "load_avg_1m": _load_1m(),
+        "hostname": socket.gethostname(),
+    }
+
+
+def load_average_warning(cores: int | None = None) -> str | None:
+    """A warning when another process is competing for the CPU, else None.
+
+    `cores` is how many logical cores the run will use (default: all of them). The run is
+    contended when the 1-min load average exceeds `LOAD_THRESHOLD` (0.5) plus the cores the run
+    leaves free: on an idle machine the load sits near 0, and a half-busy core elsewhere already
+    moves CPU timings by several percent. Call it before loading the model: the load average is
+    a decaying 1-minute mean that also counts this process's own recent work.
+    """
+    load = _load_1m()
+    logical = os.cpu_count() or 1
+    if load is None:
+        return None
+    used = logical if cores is None else max(1, min(cores, logical))
+    threshold = LOAD_THRESHOLD + (logical - used)
+    if load <= threshold:
+        return None
+    return (
+        f"1-min load average is {load:.2f} on {logical} logical cores (a run on {used} tolerates "
+        f"{threshold:.1f}): another process competes for the CPU, so seconds and speedups will be "
+        f"noisy; wait for it to finish"
+    )
+
+
+# ----------------------------------------------------------------------------- run directory
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> str | None:
+    """Dotted path and values of the first place where two JSON-like values differ, or None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in sorted(set(old) | set(new), key=str):
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in old:
+                return f"{sub}: absent vs {_short(new[k])}"
+            if k not in new:
+                return f"{sub}: {_short(old[k])} vs absent"
+            diff = first_difference(old[k], new[k], sub)
+            if diff:
+                return diff
+        return None
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        for i, (a, b) in enumerate(zip(old, new)):
+            diff = first_difference(a, b, f"{path}[{i}]")
+            if diff:
+                return diff
+        if len(old) != len(new):
+            return f"{path or 'config'}: {len(old)} items vs {len(new)}"
+        return None
+    if canonical_json(old) != canonical_json(new):
+        return f"{path or 'config'}: {_short(old)} vs {_short(new)}"
+    return None
+
+
+class RunDir:
+    """One run's directory: meta.json, records.jsonl (append-only, crash-safe), summary.csv."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        # The tail of records.jsonl is repaired once, on the first append of this object.
+        self._tail_checked = False
+
+    @property
+    def records_path(self) -> Path:
+        return self.path / "records.jsonl"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / "meta.json"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "summary.csv"
+
+    def read_meta(self) -> dict | None:
+        """meta.json as a dict, or None when the run has not been opened yet."""
+        try:
+            text = self.meta_path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            meta = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecbenchError(f"{self.meta_path} is not valid JSON ({e}); delete the run dir") from e
+        if not isinstance(meta, dict) or "config" not in meta:
+            raise SpecbenchError(f"{self.meta_path} has no 'config'; delete the run dir")
+        return meta
+
+    def open(self, config: dict) -> None:
+        """Start or resume the run for `config`.
+
+        New directory: writes meta.json. Existing one with the same config (by hash): appends a
+        start timestamp to `runs` and keeps the rest, so the commit and machine recorded are those
+        of the first start. Another config: refuses, since mixing records of two configs in one
+        directory would silently merge different experiments.
+        """
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        chash = config_hash(config)
+        meta = self.read_meta()
+        if meta is None:
+            if self.records_path.exists() and self.records_path.stat().st_size > 0:
+                raise SpecbenchError(
+                    f"{self.path} holds records but no meta.json; use another --out or delete it"
+                )
+            self.path.mkdir(parents=True, exist_ok=True)
+            meta = {"config": config, "config_hash": chash, **collect_meta(), "runs": [now]}
+        else:
+            # Hash the stored config rather than trusting its stored hash: a hand edit shows up.
+            if config_hash(meta["config"]) != chash:
+                diff = first_difference(meta["config"], json.loads(canonical_json(config)))
+                raise SpecbenchError(
+                    f"{self.path} holds a run with another config (first difference: {diff}); "
+                    f"use another --out or delete it"
+                )
+            meta["runs"] = [*meta.get("runs", []), now]
+        # Write to a temp file and rename, so a crash never leaves a half-written meta.json.
+        tmp = self.meta_path.with_name(f".meta.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        os.replace(tmp, self.meta_path)
+
+    def records(self) -> list[dict]:
+        """All complete records, in file order.
+
+        A last line without its newline was cut by a crash: it is dropped if it does not parse
+        (the next `append` truncates it away) and kept if it is a whole JSON object (the next
+        `append` adds the newline). A bad line followed by others is real corruption: it raises,
+        naming the line. Blank lines are skipped.
+        """
+        try:
+            data = self.records_path.read_bytes()
+        except FileNotFoundError:
+            return []
+        lines = data.split(b"\n")
+        last = len(lines) - 1  # index of the text after the final newline ("" when complete)
+        out: list[dict] = []
+        for i, raw in enumerate(lines):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+                if not isinstance(rec, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                if i == last:
+                    break  # truncated by a crash while writing; dropped
+                raise SpecbenchError(
+                    f"{self.records_path}:{i + 1}: malformed record ({e}); fix or delete that line"
+                ) from e
+            out.append(rec)
+        return out
+
+    def done_keys(self) -> set[str]:
+        """Keys of the answers already recorded: the runner skips them when resuming."""
+        return {rec.get("key") or record_key(rec) for rec in self.records()}
+
+    def _repair_tail(self, fd: int) -> None:
+        """Make the file end at a line boundary before the first append.
+
+        Cuts off an unparsable partial last line, or terminates a whole-object last line, so the
+        next record starts on a line of its own.
+        """
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        # Find the last newline by reading backwards in blocks: the file can be large.
+        pos, tail, block = size, b"", 1 << 16
+        while pos > 0:
+            start = max(0, pos - block)
+            chunk = os.pread(fd, pos - start, start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                tail = chunk[nl + 1:] + tail
+                pos = start + nl + 1
+                break
+            tail = chunk + tail
+            pos = start
+        if not tail:
+            return
+        try:
+            whole = isinstance(json.loads(tail), dict)
+        except ValueError:
+            whole = False
+        if whole:
+            os.write(fd, b"\n")
+        else:
+            os.ftruncate(fd, pos)  # a partial record or stray whitespace
+        os.fsync(fd)
+
+    def append(self, rec: dict) -> None:
+        """Append one record as one compact JSON line, then flush and fsync.
+
+        Field order is kept as given (no sort) so records read alike. The line goes out in one
+        `write` on an O_APPEND descriptor, so appends from several processes do not interleave.
+        """
+        line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if not self._tail_checked:
+                self._repair_tail(fd)
+                self._tail_checked = True
+            view = memoryview(line)
+            while view:  # regular files write everything at once; loop for the odd short write
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def default_run_dir(config: dict, root: Path = Path("results/runs")) -> Path:
+    """`root/<config hash>`: rerunning the same config resumes in the same place."""
+    return Path(root) / config_hash(config)

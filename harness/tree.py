@@ -1,0 +1,120 @@
+"""DraftTree: the proposal every drafter returns, and the tensors the target needs to verify it.
+
+A tree holds N+1 nodes: node 0 is the root (the last token the target chose, not yet in the KV
+cache) and nodes 1..N are draft tokens. Parents come before children (`parents[i] < i`), so one
+pass in index order builds ancestor masks and depths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """tokens: [N+1] token ids (tokens[0] is the root); parents: [N+1] (parents[0] = -1).
+
+    `q`, optional, is for drafts *sampled* from a draft distribution (EAGLE-1 at T > 0):
+    q[i] is the distribution over node i's children from which they were drawn, in the order
+    the children appear. None means deterministic (point-mass) drafts.
+    `scores` is free for the drafter (e.g. cumulative draft log-probs), carried for records.
+    `extra_mask` optionally adds attention edges beyond the ancestors (Gumiho's paper-FTA):
+    a list of (query_node, key_node) pairs. It makes the tree lossy, on purpose.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    q: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    extra_mask: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.tokens.reshape(-1).long()
+        self.parents = self.parents.reshape(-1).long()
+        if self.tokens.numel() != self.parents.numel():
+            raise ValueError("tokens and parents differ in length")
+        par = self.parents.tolist()
+        if par[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(par) if i):
+            raise ValueError(f"parents must satisfy parents[0] == -1 and 0 <= parents[i] < i: {par}")
+
+    @classmethod
+    def chain(cls, root: int, drafts: list[int] | torch.Tensor) -> "DraftTree":
+        """A single path root -> drafts[0] -> drafts[1] ..."""
+        drafts = torch.as_tensor(drafts, dtype=torch.long).reshape(-1)
+        n = drafts.numel()
+        tokens = torch.cat([torch.tensor([root]), drafts])
+        parents = torch.arange(-1, n, dtype=torch.long)
+        return cls(tokens, parents)
+
+    @classmethod
+    def root_only(cls, root: int) -> "DraftTree":
+        return cls(torch.tensor([root]), torch.tensor([-1]))
+
+    @property
+    def size(self) -> int:
+        """Number of draft nodes (root excluded)."""
+        return self.tokens.numel() - 1
+
+    @cached_property
+    def parent_list(self) -> list[int]:
+        return self.parents.tolist()
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.parent_list]
+        for i, p in enumerate(self.parent_list[1:], start=1):
+            kids[p].append(i)
+        return kids
+
+    @cached_property
+    def depths(self) -> torch.Tensor:
+        """Depth of each node (root 0); used as position offsets."""
+        d = [0] * len(self.parent_list)
+        for i, p in enumerate(self.parent_list[1:], start=1):
+            d[i] = d[p] + 1
+        return torch.tensor(d, dtype=torch.long)
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N+1, N+1] bool; mask[q, k] = True iff k is q or an ancestor of q (lower-triangular)."""
+        n = len(self.parent_list)
+        m = torch.zeros(n, n, dtype=torch.bool)
+        m[0, 0] = True
+        for i, p in enumerate(self.parent_list[1:], start=1):
+            m[i] = m[p]
+            m[i, i] = True
+        return m
+
+    @cached_property
+    def attention_mask(self) -> torch.Tensor:
+        """The mask the target uses: ancestors plus any `extra_mask` edges."""
+        m = self.ancestor_mask
+        if self.extra_mask:
+            m = m.clone()
+            for qi, ki in self.extra_mask:
+                m[qi, ki] = True
+        return m
+
+    def paths(self) -> list[list[int]]:
+        """Every root->leaf path as node indices (the rows of `retrieve_indices`)."""
+        out = []
+        for i, kids in enumerate(self.children):
+            if not kids:
+                path = [i]
+                while self.parent_list[path[-1]] >= 0:
+                    path.append(self.parent_list[path[-1]])
+                out.append(path[::-1])
+        return out
+
+    def retrieve_indices(self) -> torch.Tensor:
+        """[leaves, max_depth+1] node indices per root->leaf path, padded with -1."""
+        paths = self.paths()
+        width = max(len(p) for p in paths)
+        return torch.tensor([p + [-1] * (width - len(p)) for p in paths], dtype=torch.long)
+
+
+def tree_from_parent_map(root: int, tokens: list[int], parents: list[int]) -> DraftTree:
+    """Build a tree from draft tokens whose parents index into [root] + tokens (0 = root)."""
+    return DraftTree(torch.tensor([root] + list(tokens)), torch.tensor([-1] + list(parents)))

@@ -1,0 +1,45 @@
+"""Shared pytest fixtures."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The benchmark data folder: $SPECBENCH_DATA, else ../shared/data beside the checkout (X/main -> X/shared)."""
+    env = os.environ.get("SPECBENCH_DATA")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (path / "mt_bench" / "question.jsonl").is_file():
+        pytest.fail(f"benchmark data not found in {path}; set SPECBENCH_DATA to the folder holding mt_bench/ etc.")
+    return path
+
+
+def _tiny_llama(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).float().eval()
+    # Sharpen the output so greedy text is not a flat tie-fest and sampling has structure.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0):
+    import torch
+
+    from harness.target import Target
+
+    return Target(_tiny_llama(vocab, hidden, layers, seed), None, "tiny-llama", torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    return make_tiny_target()
