@@ -176,12 +176,13 @@ def generate(target: Target, prompt_ids: list[int], cfg: GenerationConfig, draft
                 break
         new = new[: cfg.max_new_tokens - len(res.output_ids)]
         res.output_ids += new
-        context += new
         if cfg.stop_strings:
             cut = _stop_at(target, res.output_ids, len(new), cfg.stop_strings)
             if cut is not None:
+                new = new[: len(new) - (len(res.output_ids) - cut)]
                 res.output_ids = res.output_ids[:cut]
                 res.stop_reason = "stop"
+        context += new
         # 5. The drafter consumes the accepted tokens and their target features.
         td2 = time.perf_counter()
         if drafter is not None and res.stop_reason not in ("eos", "stop"):

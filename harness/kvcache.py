@@ -101,6 +101,7 @@ class KVCache(Cache):
         for layer in self.layers:
             layer.length = min(layer.length, length)
 
+    @torch.inference_mode()
     def commit(self, start: int, accepted: torch.Tensor) -> None:
         """After a tree forward written at `start`: keep the rows of `accepted` tree nodes (node indices,
         ascending, root first) in order, drop the rest."""

@@ -258,3 +258,30 @@ def first_divergence(
         "near_tie": token_choice and is_near_tie(top1, gap),
         "inherited": bool(inherited),
     }
+
+
+def attach_divergences(records: list[dict]) -> list[dict]:
+    """Fill `divergence` on every greedy (T = 0) non-AR record from AR's record for the same prompt.
+
+    Done when reading, not when writing: AR runs inside a per-prompt rotation, so it may finish
+    after the method, and records are appended as soon as each answer is done. A later turn whose
+    earlier turn already differed from AR's is marked `inherited` (its prompt differs from AR's).
+    """
+    ar = {_prompt_key(r): r for r in records if r["method"] == AR_METHOD}
+    by_method_prompt = {(r["method"], r.get("config_hash"), _prompt_key(r)): r for r in records}
+    for rec in records:
+        if rec["method"] == AR_METHOD or float(rec["temperature"]) != 0.0:
+            continue
+        ref = ar.get(_prompt_key(rec))
+        if ref is None:
+            continue
+        inherited = False
+        for turn in range(int(rec.get("turn", 0))):
+            key = _prompt_key({**rec, "turn": turn})
+            own = by_method_prompt.get((rec["method"], rec.get("config_hash"), key))
+            ar_prev = ar.get(key)
+            if own is not None and ar_prev is not None and own["output_ids"] != ar_prev["output_ids"]:
+                inherited = True
+        rec["divergence"] = first_divergence(rec["output_ids"], ref["output_ids"], ref.get("ar_top1"),
+                                             ref.get("ar_gap"), inherited)
+    return records

@@ -318,6 +318,14 @@ class RunDir:
         tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
         os.replace(tmp, self.meta_path)
 
+    def write_extra(self, extra: dict) -> None:
+        """Merge `extra` facts (data dir, prompt checks...) into meta.json, atomically."""
+        meta = self.read_meta() or {}
+        meta.update(extra)
+        tmp = self.meta_path.with_name(f".meta.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        os.replace(tmp, self.meta_path)
+
     def records(self) -> list[dict]:
         """All complete records, in file order.
 

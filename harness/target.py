@@ -81,6 +81,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_target_spec(spec: str) -> None:
+    """Refuse a spec that is no alias, local model or hub id, before anything is loaded."""
+    path = Path(spec).expanduser()
+    if spec in ALIASES or path.exists() or path.suffix == ".gguf" or re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        return
+    raise unknown("target", spec, list(ALIASES) + ["<hf dir>", "<file.gguf>", "<owner/name>"])
+
+
 def _alias_gguf(alias: str) -> Path:
     module, fname, install = ALIASES[alias]
     spec = importlib.util.find_spec(module)

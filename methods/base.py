@@ -46,6 +46,13 @@ class Drafter(nn.Module):
     def arch_hash(cls, config: dict[str, Any]) -> str:
         return config_hash({k: config[k] for k in cls.arch_keys})
 
+    @classmethod
+    def create(cls, target, overrides: dict[str, Any], checkpoint: str | None = None) -> "Drafter":
+        """Build the drafter for a run. Learned methods override this to find and load weights."""
+        if checkpoint is not None and not cls.trainable:
+            raise SpecbenchError(f"method '{cls.name}' is training-free and takes no --checkpoint")
+        return cls(target, overrides)
+
     # ---- the decoding protocol ------------------------------------------------------------
     def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
         """A new sequence: `prefill` holds the prompt's target hidden states; `root` is the first new token."""

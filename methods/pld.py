@@ -52,6 +52,8 @@ def best_chain_length(accept_rate: float, curve: list[list[float]], k_max: int) 
 
 
 class PromptLookupDrafter(Drafter):
+    """Prompt lookup: a chain copied from the context after the last n-gram's earlier occurrence, cost-aware length."""
+
     name = "pld"
     defaults: dict[str, Any] = {
         "max_ngram": 3,        # longest suffix n-gram looked up (HF's max_matching_ngram_size is 2)

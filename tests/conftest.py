@@ -43,3 +43,11 @@ def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: i
 @pytest.fixture(scope="session")
 def tiny_target():
     return make_tiny_target()
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32():
+    """The real SmolLM2-135M target in float32, loaded once per session (installed by scripts/setup.sh)."""
+    from harness.target import Target
+
+    return Target.load("smollm2-135m", "cpu", "float32")

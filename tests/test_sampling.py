@@ -1,0 +1,320 @@
+"""Lossless tree speculative sampling: the joint law of the first 3 generated tokens must equal the
+exactly enumerated autoregressive (AR) law, and the same test must catch a deliberately biased rule.
+
+Why this shape:
+- A 6-token vocabulary makes every 3-token continuation enumerable (6^3 = 216 cells), so the AR law
+  is computed exactly (three levels of plain forwards, each through `processed_probs`, the very
+  distribution AR sampling draws from) instead of being estimated from AR samples.
+- The draft trees are random (depth <= 2, 1-3 siblings per expanded node), so within the first
+  3 tokens the loop hits every branch of the rule: rejection of every sibling then a residual draw,
+  acceptance of a later sibling after earlier ones were rejected, and a fully accepted path whose
+  bonus token is drawn (and kept). These events are counted and asserted, so the statistical
+  check cannot pass vacuously.
+- Two drafter flavours: point-mass drafts (q = None, tokens drawn with replacement, so duplicate
+  siblings occur) and drafts sampled without replacement from a per-node draft distribution q
+  reported in the tree. Half of each q is (randomly weighted) the exact target law, so
+  acceptances are common and p/q falls on both sides of 1.
+- The drafter's RNG is its own, seeded once per test; the loop's generator is seeded per sample.
+  Whatever the drafts, a lossless rule outputs the target law conditionally on them, so the
+  samples are i.i.d. draws from the AR law even though the drafter's state carries over.
+- Statistic: Pearson chi-square over the 216 cells, cells with expected count < 5 pooled into one
+  (the usual validity condition of the chi-square approximation); p-value from the regularised
+  incomplete gamma function implemented below (scipy is not a dependency). A fair rule must give
+  p > 1e-3 in each of the 8 cases (family-wise false-alarm rate < 1% if the seeds were changed;
+  with the fixed seeds the test is deterministic). The biased rules must give p < 1e-6: far past
+  any plausible threshold, so the control shows the test has power, not luck.
+- N = 2000 samples per case: one `generate` call costs ~2 ms on this tiny model, so the 8 fair
+  cases plus 2 biased controls take ~40-50 s on 2 cores, and N = 2000 already rejects the biased
+  rules by a wide margin (see the p-values those controls print).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import harness.verify
+from harness.decode import GenerationConfig, generate
+from harness.tree import DraftTree
+from harness.verify import Sampling, Verdict, processed_probs, sample
+from methods.base import Drafter
+from tests.conftest import make_tiny_target
+
+VOCAB = 6
+PROMPT = [1, 2, 3, 4]
+N_SAMPLES = 2000
+ALPHA_FAIR = 1e-3     # a lossless rule must not be rejected at this level
+ALPHA_BIASED = 1e-6   # a biased rule must be rejected at this (much stricter) level
+MIN_EXPECTED = 5.0    # pool cells whose expected count is below this
+CASES = [(0.7, 1.0), (1.0, 1.0), (0.7, 0.8), (1.0, 0.8)]
+
+
+# ---------------------------------------------------------------------------------- statistics
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X ~ chi-square(df): the regularised upper incomplete gamma Q(df/2, x/2)
+    (series for small x, Lentz continued fraction otherwise; Numerical Recipes' gammq)."""
+    a, x = df / 2.0, x / 2.0
+    if x <= 0:
+        return 1.0
+    log_front = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-15:
+            n += 1
+            term *= x / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return math.exp(log_front) * h
+
+
+def pooled_chi2(observed: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, float]:
+    """Pearson chi-square of counts against exact cell probabilities, cells with expected count
+    < MIN_EXPECTED pooled into one bin (merged with the smallest kept cell if still too small).
+    Returns (statistic, degrees of freedom, p-value)."""
+    obs, exp = observed.double().flatten(), probs.double().flatten() * observed.sum()
+    big = exp >= MIN_EXPECTED
+    o, e = obs[big].tolist(), exp[big].tolist()
+    o_small, e_small = float(obs[~big].sum()), float(exp[~big].sum())
+    if e_small > 0:
+        if e_small >= MIN_EXPECTED:
+            o.append(o_small)
+            e.append(e_small)
+        else:
+            j = min(range(len(e)), key=e.__getitem__)
+            o[j] += o_small
+            e[j] += e_small
+    stat = sum((oi - ei) ** 2 / ei for oi, ei in zip(o, e))
+    df = len(e) - 1
+    return stat, df, chi2_sf(stat, df)
+
+
+def test_chi2_sf_matches_closed_forms():
+    # df = 2: exp(-x/2); df = 1: erfc(sqrt(x/2)); df = 4: (1 + x/2) exp(-x/2).
+    for x in (0.01, 0.5, 1.0, 3.0, 10.0, 40.0):
+        assert chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-9)
+        assert chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-9)
+        assert chi2_sf(x, 4) == pytest.approx((1 + x / 2) * math.exp(-x / 2), rel=1e-9)
+    # The median of chi-square(100) is about 99.33.
+    assert chi2_sf(99.3341, 100) == pytest.approx(0.5, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------- exact AR law
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_target(vocab=VOCAB, hidden=32, layers=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def ar_logits(target):
+    """Target logits after the prompt, after prompt + t1, and after prompt + t1 + t2, by plain
+    (causal, untreed) forwards: [V], [V, V], [V, V, V]."""
+    def last(ids):
+        return target.forward(torch.tensor(ids), target.new_cache()).logits[-1].float()
+
+    l1 = last(PROMPT)
+    l2 = torch.stack([last(PROMPT + [a]) for a in range(VOCAB)])
+    l3 = torch.stack([torch.stack([last(PROMPT + [a, b]) for b in range(VOCAB)]) for a in range(VOCAB)])
+    return l1, l2, l3
+
+
+def ar_law(ar_logits, temperature: float, top_p: float):
+    """The exact joint AR law of the first 3 tokens [V, V, V], and the conditional laws keyed by
+    the generated prefix (the drafter uses these to make good drafts)."""
+    l1, l2, l3 = ar_logits
+    # Guard: numerically, tree forwards differ from plain ones by ~1e-6; a token sitting on the
+    # top-p boundary could then be kept by one and cut by the other. Make sure none does.
+    if top_p < 1.0:
+        for row in torch.cat([l1[None], l2, l3.reshape(-1, VOCAB)]):
+            cum = (row / temperature).softmax(-1).sort().values.cumsum(-1)
+            assert (cum - (1 - top_p)).abs().min() > 1e-4, "top-p boundary too close: pick another seed"
+    p1 = processed_probs(l1, temperature, top_p).double()
+    p2 = processed_probs(l2, temperature, top_p).double()
+    p3 = processed_probs(l3, temperature, top_p).double()
+    joint = p1[:, None, None] * p2[:, :, None] * p3
+    cond = {(a,): p2[a].float() for a in range(VOCAB)}
+    cond.update({(a, b): p3[a, b].float() for a in range(VOCAB) for b in range(VOCAB)})
+    return joint, cond
+
+
+# ---------------------------------------------------------------------------------- drafter
+class RandomTreeDrafter(Drafter):
+    """Random trees of depth <= min(2, room) under the root: 1-3 children at the root, each of them
+    expanded with probability 0.6 into 1-2 children. Draft tokens come from a per-node draft law
+    q = lam * p_exact + (1 - lam) * noise (lam ~ U(0, 1), noise a random peaked softmax).
+    sampled=False: tokens drawn from q with replacement, reported as point masses (q=None).
+    sampled=True: tokens drawn from q without replacement, in child order, q reported in the tree.
+    `observe` counts which branches of the acceptance rule each step exercised."""
+
+    name = "random-tree"
+    defaults = {"sampled": False, "seed": 0}
+
+    def __init__(self, target, config, cond):
+        super().__init__(target, config)
+        self.rng = torch.Generator().manual_seed(self.config["seed"])
+        self.cond = cond
+        self.events: Counter = Counter()
+        self._room = 0
+
+    def _uniform(self) -> float:
+        return float(torch.rand((), generator=self.rng))
+
+    def _draft_law(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        noise = (2.0 * torch.randn(VOCAB, generator=self.rng)).softmax(-1)
+        lam = self._uniform()
+        exact = self.cond.get(prefix)
+        return noise if exact is None else lam * exact + (1 - lam) * noise
+
+    def _draw(self, q: torch.Tensor, k: int) -> list[int]:
+        if not self.config["sampled"]:
+            return torch.multinomial(q, k, replacement=True, generator=self.rng).tolist()
+        # Sequentially, without replacement: the i-th child is drawn from q with the earlier ones removed.
+        q, out = q.clone(), []
+        for _ in range(k):
+            x = sample(q / q.sum(), self.rng)
+            out.append(x)
+            q[x] = 0.0
+        return out
+
+    def propose(self, ctx) -> DraftTree:
+        self._room = ctx.max_nodes
+        generated = tuple(ctx.tokens[len(PROMPT):])  # root last
+        tokens, parents, laws = [ctx.root], [-1], {}
+        laws[0] = self._draft_law(generated)
+        kids = self._draw(laws[0], 1 + int(3 * self._uniform()))
+        depth1 = []
+        for x in kids:
+            tokens.append(x)
+            parents.append(0)
+            depth1.append(len(tokens) - 1)
+        if ctx.max_nodes >= 2:
+            for node in depth1:
+                if self._uniform() < 0.6:
+                    laws[node] = self._draft_law(generated + (tokens[node],))
+                    for x in self._draw(laws[node], 1 + int(2 * self._uniform())):
+                        tokens.append(x)
+                        parents.append(node)
+        q = None
+        if self.config["sampled"]:
+            q = torch.full((len(tokens), VOCAB), 1.0 / VOCAB)  # rows of childless nodes: anything
+            for node, law in laws.items():
+                q[node] = law
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), q=q)
+
+    def observe(self, step) -> None:
+        kids = step.tree.children
+        last = step.path[-1]
+        bonus_kept = step.accepted + 1 <= self._room  # the loop cuts the step at max_new_tokens
+        if kids[last]:
+            self.events["residual"] += 1  # every child of `last` rejected: bonus from the residual
+        elif bonus_kept:
+            self.events["leaf_bonus"] += 1  # whole path accepted: bonus from the leaf's law
+        for a, b in zip(step.path, step.path[1:]):
+            if kids[a][0] != b:
+                self.events["accept_after_reject"] += 1
+        if step.accepted == 2:
+            self.events["depth2"] += 1
+
+
+def sample_counts(target, drafter, temperature: float, top_p: float) -> torch.Tensor:
+    counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.long)
+    sampling = Sampling(temperature, top_p, "lossless")
+    for i in range(N_SAMPLES):
+        out = generate(target, PROMPT, GenerationConfig(3, sampling=sampling, seed=i), drafter).output_ids
+        assert len(out) == 3
+        counts[tuple(out)] += 1
+    return counts
+
+
+def run_case(target, ar_logits, temperature, top_p, sampled, seed):
+    joint, cond = ar_law(ar_logits, temperature, top_p)
+    drafter = RandomTreeDrafter(target, {"sampled": sampled, "seed": seed}, cond)
+    counts = sample_counts(target, drafter, temperature, top_p)
+    impossible = int(counts[joint == 0].sum())
+    return counts, joint, drafter.events, impossible
+
+
+# ---------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("sampled", [False, True], ids=["point-mass", "sampled-q"])
+@pytest.mark.parametrize("temperature,top_p", CASES)
+def test_tree_sampling_matches_exact_ar_law(target, ar_logits, temperature, top_p, sampled):
+    seed = 1000 + 10 * CASES.index((temperature, top_p)) + int(sampled)
+    counts, joint, events, impossible = run_case(target, ar_logits, temperature, top_p, sampled, seed)
+    stat, df, p = pooled_chi2(counts, joint)
+    print(f"fair T={temperature} top_p={top_p} sampled={sampled}: chi2={stat:.1f} df={df} p={p:.3g} {dict(events)}")
+    # Every branch of the rule was exercised within the first 3 tokens.
+    for event in ("residual", "leaf_bonus", "accept_after_reject", "depth2"):
+        assert events[event] >= 50, f"too few '{event}' steps: {dict(events)}"
+    assert impossible == 0, "sampled a sequence the AR sampler gives probability 0 (outside top-p)"
+    assert p > ALPHA_FAIR, f"speculative sampling differs from the AR law: chi2={stat:.1f}, df={df}, p={p:.3g}"
+
+
+def verify_biased(kind: str):
+    """A variant of recursive rejection sampling with one deliberate bug:
+    'no-residual': after a rejection the rejected mass is not removed (the next sibling and the
+                   bonus see the unmodified target law);
+    'over-accept': drafts are accepted with probability min(1, 1.5 * p(x) / q(x))."""
+    def rule(tree, logits, temperature, top_p, generator):
+        tokens = tree.tokens.tolist()
+        node, path = 0, [0]
+        p = processed_probs(logits[0], temperature, top_p)
+        while True:
+            kids = tree.children[node]
+            q = tree.q[node].float().clone() if (tree.q is not None and kids) else None
+            chosen = None
+            for c in kids:
+                x = tokens[c]
+                ratio = p[x] if q is None else p[x] / q[x].clamp_min(1e-30)
+                if kind == "over-accept":
+                    ratio = 1.5 * ratio
+                if float(torch.rand((), generator=generator)) < float(ratio):
+                    chosen = c
+                    break
+                if kind != "no-residual":
+                    if q is None:
+                        p = p.clone()
+                        p[x] = 0.0
+                    else:
+                        p = (p - q).clamp_min(0.0)
+                    p = p / p.sum()
+                if q is not None:
+                    q[x] = 0.0
+                    q = q / q.sum()
+            if chosen is None:
+                return Verdict(path, sample(p, generator))
+            node = chosen
+            path.append(node)
+            p = processed_probs(logits[node], temperature, top_p)
+
+    return rule
+
+
+@pytest.mark.parametrize("kind,sampled,temperature,top_p", [
+    ("no-residual", False, 1.0, 1.0),
+    ("over-accept", True, 0.7, 0.8),
+])
+def test_biased_rule_is_rejected(target, ar_logits, monkeypatch, kind, sampled, temperature, top_p):
+    # `generate` calls harness.verify.verify, which looks verify_lossless up by module-global name.
+    monkeypatch.setattr(harness.verify, "verify_lossless", verify_biased(kind))
+    seed = 1000 + 10 * CASES.index((temperature, top_p)) + int(sampled)  # the fair case's seed
+    counts, joint, events, impossible = run_case(target, ar_logits, temperature, top_p, sampled, seed)
+    stat, df, p = pooled_chi2(counts, joint)
+    print(f"biased {kind} T={temperature} top_p={top_p} sampled={sampled}: chi2={stat:.1f} df={df} p={p:.3g}")
+    assert impossible == 0
+    assert p < ALPHA_BIASED, f"the test failed to catch the '{kind}' bias: chi2={stat:.1f}, df={df}, p={p:.3g}"
