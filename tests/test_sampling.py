@@ -156,11 +156,17 @@ def ar_law(ar_logits, temperature: float, top_p: float):
 # ---------------------------------------------------------------------------------- drafter
 class RandomTreeDrafter(Drafter):
     """Random trees of depth <= min(2, room) under the root: 1-3 children at the root, each of them
-    expanded with probability 0.6 into 1-2 children. Draft tokens come from a per-node draft law
-    q = lam * p_exact + (1 - lam) * noise (lam ~ U(0, 1), noise a random peaked softmax).
-    sampled=False: tokens drawn from q with replacement, reported as point masses (q=None).
-    sampled=True: tokens drawn from q without replacement, in child order, q reported in the tree.
-    `observe` counts which branches of the acceptance rule each step exercised."""
+    expanded with probability 0.6 into 1-2 children. `observe` counts which branches of the
+    acceptance rule each step exercised.
+
+    sampled=False (point-mass drafts, q=None): tokens drawn with replacement (duplicate siblings
+      occur) from a noisy copy of the exact target law, lam * p + (1 - lam) * noise, lam ~ U(0.5, 1).
+      The point-mass rule accepts x with probability p(x), so drafting likely tokens makes deep
+      accepted paths common, and makes rejections of likely tokens common too: that is where a
+      wrong residual distorts the output most (the negative control relies on it).
+    sampled=True (drafts sampled from q, q reported): q = softmax(N(0, 1) logits), independent of
+      the target, so p/q falls on both sides of 1 and the residual max(0, p - q) is far from p;
+      tokens drawn from q without replacement, in child order, as the tree's q contract says."""
 
     name = "random-tree"
     defaults = {"sampled": False, "seed": 0}
@@ -176,10 +182,11 @@ class RandomTreeDrafter(Drafter):
         return float(torch.rand((), generator=self.rng))
 
     def _draft_law(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        if self.config["sampled"]:
+            return torch.randn(VOCAB, generator=self.rng).softmax(-1)
         noise = (2.0 * torch.randn(VOCAB, generator=self.rng)).softmax(-1)
-        lam = self._uniform()
-        exact = self.cond.get(prefix)
-        return noise if exact is None else lam * exact + (1 - lam) * noise
+        lam = 0.5 + 0.5 * self._uniform()
+        return lam * self.cond[prefix] + (1 - lam) * noise
 
     def _draw(self, q: torch.Tensor, k: int) -> list[int]:
         if not self.config["sampled"]:
