@@ -155,5 +155,34 @@ def bench(
               pld_prompts=pld_prompts, data_dir=data_dir, out=out, console=console)
 
 
+@app.command()
+@friendly
+def distill(
+    target: str = typer.Option("smollm2-135m"),
+    prompts: Path = typer.Option(..., help="training prompts jsonl ({id, category, prompt}); never a benchmark file"),
+    n: Optional[int] = typer.Option(None, help="cap on prompts after the mix"),
+    samples: int = typer.Option(2, help="responses per prompt: 1 greedy + samples-1 sampled"),
+    max_new_tokens: int = typer.Option(384),
+    batch_size: int = typer.Option(32),
+    shard_size: int = typer.Option(96),
+    max_shards: Optional[int] = typer.Option(None, help="stop after this many new shards (spread work over runs)"),
+    dtype: str = typer.Option("auto"),
+    device: str = typer.Option("auto"),
+    out: Optional[Path] = typer.Option(None, help="default datasets/distill/<target>"),
+):
+    """Have the target answer training prompts; commit-ready token ids, resumable shard by shard."""
+    from rich.progress import Progress
+
+    from harness.target import Target
+    from harness.train.distill import DistillPlan, distill as run_distill
+
+    plan = DistillPlan(str(prompts), n=n, samples=samples, max_new_tokens=max_new_tokens, shard_size=shard_size)
+    tgt = Target.load(target, device, dtype)
+    out = out or Path(__file__).resolve().parent / "datasets" / "distill" / target
+    with Progress(console=err) as progress:
+        res = run_distill(tgt, prompts, out, plan, batch_size=batch_size, max_shards=max_shards, progress=progress)
+    console.print(res)
+
+
 if __name__ == "__main__":
     app()

@@ -131,7 +131,9 @@ class Target:
     def load(cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto",
              chat_template: str | None = None, system_prompt: str | None = None) -> "Target":
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # our own progress views are enough
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         kwargs = {"dtype": dt}

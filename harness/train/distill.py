@@ -1,0 +1,186 @@
+"""Self-distillation data: the target answers training prompts, and the token ids are committed.
+
+`cli.py distill` builds a deterministic plan (which prompts, how many responses each, with which
+sampling settings), then generates it shard by shard with batched, length-bucketed HF `generate`.
+Each finished shard is written atomically to `datasets/distill/<target>/shard-NNNNN.jsonl`, so an
+interrupted run resumes at the first missing shard and the work can be spread over several runs.
+Responses are stored as base64 little-endian uint16 token ids (~2.7 MB per million tokens);
+prompts are never stored: they are re-read from the prompt file by id.
+
+Prompt mix: the shared prompt file is 82% GSM8K math; the plan keeps every non-math prompt and
+subsamples math to at most `max_math_share` of the prompts. To widen the mix, each prompt gets a
+greedy response plus `samples - 1` sampled ones (T = 0.8, top-p 0.95): different continuations
+of the same prompt, which is what the draft meets when it is wrong.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harness.errors import SpecbenchError
+
+MATH_CATEGORIES = {"math"}
+
+
+@dataclass(frozen=True)
+class DistillPlan:
+    prompts_file: str
+    n: int | None = None             # cap on prompts (after the mix); None = all
+    samples: int = 2                 # responses per prompt: 1 greedy + (samples-1) sampled
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 384
+    max_prompt_tokens: int = 768
+    max_math_share: float = 1 / 3
+    shard_size: int = 96
+    seed: int = 0
+
+    def settings(self) -> dict:
+        d = asdict(self)
+        d["prompts_file"] = Path(self.prompts_file).name
+        return d
+
+
+def encode_ids(ids: list[int]) -> str:
+    return base64.b64encode(np.asarray(ids, dtype="<u2").tobytes()).decode()
+
+
+def decode_ids(s: str) -> list[int]:
+    return np.frombuffer(base64.b64decode(s), dtype="<u2").astype(np.int64).tolist()
+
+
+def read_prompts(path: Path) -> dict[str, dict]:
+    if not path.is_file():
+        raise SpecbenchError(f"prompt file {path} not found; pass --prompts (e.g. ../shared/data/train_prompts/prompts.jsonl)")
+    out = {}
+    with path.open() as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                out[str(rec["id"])] = rec
+            except (json.JSONDecodeError, KeyError) as e:
+                raise SpecbenchError(f"{path}:{i}: malformed prompt record ({e})") from None
+    return out
+
+
+def select_prompts(prompts: dict[str, dict], plan: DistillPlan) -> list[str]:
+    """Every non-math prompt, math subsampled to at most max_math_share; deterministic."""
+    rng = random.Random(plan.seed)
+    other = [k for k, r in prompts.items() if r.get("category") not in MATH_CATEGORIES]
+    math = [k for k, r in prompts.items() if r.get("category") in MATH_CATEGORIES]
+    rng.shuffle(math)
+    keep_math = int(len(other) * plan.max_math_share / (1 - plan.max_math_share))
+    chosen = other + math[:keep_math]
+    rng.shuffle(chosen)
+    return chosen[: plan.n] if plan.n else chosen
+
+
+def build_jobs(target, prompts: dict[str, dict], plan: DistillPlan) -> list[dict]:
+    """(prompt id, sample index) jobs, length-bucketed: sorted by (sampled?, prompt length)."""
+    jobs = []
+    for pid in select_prompts(prompts, plan):
+        ids = target.encode_chat([{"role": "user", "content": prompts[pid]["prompt"]}])
+        if len(ids) > plan.max_prompt_tokens:
+            continue
+        for s in range(plan.samples):
+            jobs.append({"prompt_id": pid, "sample": s, "prompt_len": len(ids)})
+    jobs.sort(key=lambda j: (j["sample"] > 0, j["prompt_len"], j["prompt_id"], j["sample"]))
+    return jobs
+
+
+def _generate_batch(target, batch: list[list[int]], plan: DistillPlan, sampled: bool, seed: int) -> list[tuple[list[int], str]]:
+    pad = next(iter(sorted(target.eos_token_ids)), 0)
+    width = max(len(b) for b in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, b in enumerate(batch):  # left padding: every prompt ends at the same column
+        ids[i, width - len(b):] = torch.tensor(b)
+        mask[i, width - len(b):] = 1
+    torch.manual_seed(seed)
+    kw = dict(do_sample=True, temperature=plan.temperature, top_p=plan.top_p) if sampled else dict(do_sample=False)
+    with torch.inference_mode():
+        out = target.model.generate(ids.to(target.device), attention_mask=mask.to(target.device),
+                                    max_new_tokens=plan.max_new_tokens, pad_token_id=pad,
+                                    eos_token_id=sorted(target.eos_token_ids), **kw)
+    res = []
+    for row in out[:, width:].tolist():
+        stop = "length"
+        for j, t in enumerate(row):
+            if t in target.eos_token_ids:
+                row, stop = row[: j + 1], "eos"
+                break
+        res.append((row, stop))
+    return res
+
+
+def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_size: int = 32,
+            max_shards: int | None = None, progress=None) -> dict:
+    """Generate the plan's missing shards into out_dir; returns counts. Resumable."""
+    prompts = read_prompts(prompts_file)
+    jobs = build_jobs(target, prompts, plan)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan_hash = hashlib.sha256(json.dumps([plan.settings(), [(j["prompt_id"], j["sample"]) for j in jobs]]).encode()).hexdigest()[:12]
+    manifest_path = out_dir / "manifest.json"
+    manifest = {"target": target.name, "vocab_hash": target.vocab_hash(), "plan": plan.settings(),
+                "plan_hash": plan_hash, "jobs": len(jobs), "shard_size": plan.shard_size,
+                "dtype": str(target.dtype).replace("torch.", ""), "batch_size": batch_size,
+                "format": "jsonl; response = base64 little-endian uint16 token ids (EOS included when reached)"}
+    if manifest_path.exists():
+        old = json.loads(manifest_path.read_text())
+        if old.get("plan_hash") != plan_hash:
+            raise SpecbenchError(f"{out_dir} holds another distillation plan ({old.get('plan_hash')} vs {plan_hash}); "
+                                 "use another --out or the same settings")
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    shards = [jobs[i : i + plan.shard_size] for i in range(0, len(jobs), plan.shard_size)]
+    todo = [i for i in range(len(shards)) if not (out_dir / f"shard-{i:05d}.jsonl").exists()]
+    if max_shards is not None:
+        todo = todo[:max_shards]
+    task = progress.add_task("distill", total=len(todo)) if progress else None
+    made = 0
+    for si in todo:
+        t0 = time.perf_counter()
+        lines = []
+        shard_tokens = 0
+        shard = shards[si]
+        for b in range(0, len(shard), batch_size):
+            chunk = shard[b : b + batch_size]
+            sampled = chunk[0]["sample"] > 0
+            seed = plan.seed * 1_000_003 + si * 1000 + b
+            batch_ids = [target.encode_chat([{"role": "user", "content": prompts[j["prompt_id"]]["prompt"]}]) for j in chunk]
+            for j, (resp, stop) in zip(chunk, _generate_batch(target, batch_ids, plan, sampled, seed)):
+                lines.append({"prompt_id": j["prompt_id"], "sample": j["sample"],
+                              "temperature": plan.temperature if sampled else 0.0,
+                              "top_p": plan.top_p if sampled else 1.0, "seed": seed if sampled else None,
+                              "max_new_tokens": plan.max_new_tokens, "stop": stop, "n": len(resp),
+                              "response": encode_ids(resp)})
+                shard_tokens += len(resp)
+        tmp = out_dir / f".shard-{si:05d}.tmp"
+        tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        os.replace(tmp, out_dir / f"shard-{si:05d}.jsonl")
+        made += shard_tokens
+        if progress:
+            rate = shard_tokens / max(1e-9, time.perf_counter() - t0)
+            progress.update(task, advance=1, description=f"shard {si}: {rate:.0f} tok/s, {made} tokens this run")
+    return {"jobs": len(jobs), "shards": len(shards), "generated_now": len(todo), "tokens_now": made}
+
+
+def load_distilled(out_dir: Path) -> list[dict]:
+    """All committed responses of a distill folder (token ids decoded)."""
+    recs = []
+    for p in sorted(out_dir.glob("shard-*.jsonl")):
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            r["response_ids"] = decode_ids(r.pop("response"))
+            recs.append(r)
+    return recs
