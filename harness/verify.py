@@ -105,10 +105,13 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
         path.append(node)
 
 
-def _renormalise(p: torch.Tensor) -> torch.Tensor:
+def _renormalise(p: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
     s = p.sum()
-    # A residual can only be all-zero through rounding when p == q; any distribution is then fine.
-    return p / s if s > 0 else torch.full_like(p, 1.0 / p.numel())
+    if s > 0:
+        return p / s
+    # A residual is all-zero only through rounding when p == q: keep the previous distribution,
+    # so the support (e.g. the top-p set) is never widened.
+    return fallback if fallback is not None else torch.full_like(p, 1.0 / p.numel())
 
 
 def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, top_p: float,
@@ -122,6 +125,7 @@ def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, t
         chosen = None
         for c in kids:
             x = tokens[c]
+            before = p
             ratio = p[x] if q is None else p[x] / q[x].clamp_min(1e-30)
             if float(torch.rand((), generator=generator)) < float(ratio):
                 chosen = c
@@ -133,7 +137,7 @@ def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, t
                 p = (p - q).clamp_min(0.0)
                 q[x] = 0.0
                 q = _renormalise(q)
-            p = _renormalise(p)
+            p = _renormalise(p, before)
         if chosen is None:
             return Verdict(path, sample(p, generator))
         node = chosen
