@@ -34,6 +34,13 @@ def friendly(fn):
     return wrapper
 
 
+def set_threads(n: int) -> None:
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def split_csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -96,6 +103,213 @@ def summary(run_dir: Path = typer.Argument(..., help="a run folder")):
     from harness.runner import summarize_dir
 
     print_summary(summarize_dir(run_dir))
+
+
+ALL_BENCHMARKS = "mt_bench,humaneval,gsm8k,alpaca,cnn_dm,nq"
+PRESETS = {"paper": {"limit": None, "max_new_tokens": 512}}  # all 80 questions, 512 tokens (GPUs)
+
+
+def grid_spec(methods, benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, top_p,
+              acceptance, seed, set_, chat_template, system_prompt):
+    """The GridSpec of compare / ablate; --preset fills --limit / --max-new-tokens not given."""
+    from harness.compare import GridSpec
+    from harness.runner import parse_settings
+
+    defaults = {"limit": 10, "max_new_tokens": 128}
+    if preset is not None:
+        if preset not in PRESETS:
+            from harness.errors import unknown
+
+            raise unknown("preset", preset, PRESETS)
+        defaults = PRESETS[preset]
+    return GridSpec(
+        methods=methods, benchmarks=split_csv(benchmarks), temperatures=list(temperature), target=target,
+        dtype=dtype, device=device, limit=defaults["limit"] if limit is None else limit,
+        max_new_tokens=defaults["max_new_tokens"] if max_new_tokens is None else max_new_tokens, top_p=top_p,
+        acceptance=acceptance, seed=seed, settings=parse_settings(set_) if set_ is not None else {},
+        chat_template=chat_template, system_prompt=system_prompt)
+
+
+def print_written(run_dir: Path, paths: list[Path]) -> None:
+    tables = sorted({p.name for p in paths if p.parent.name == "tables"})
+    plots = sorted({p.stem for p in paths if p.parent.name == "plots"})
+    if tables:
+        console.print(f"tables: {run_dir / 'tables'}/ ({', '.join(tables)})")
+    if plots:
+        console.print(f"plots: {run_dir / 'plots'}/ ({', '.join(plots)}; .png and .svg)")
+
+
+TEMPERATURE_HELP = "repeatable: one table block per value"
+ACCEPTANCE_HELP = "rule at T > 0: lossless (default) | typical (lossy, labelled); T = 0 is greedy"
+
+
+@app.command()
+@friendly
+def compare(
+    methods: Optional[str] = typer.Option(
+        None, help="comma-separated (default: pld + every method whose trained weights are found)"),
+    benchmarks: str = typer.Option(ALL_BENCHMARKS, help="comma-separated"),
+    temperature: list[float] = typer.Option([0.0], "--temperature", "-t", help=TEMPERATURE_HELP),
+    target: str = typer.Option("smollm2-135m", help="alias, HF dir, .gguf file or hub id"),
+    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    acceptance: Optional[str] = typer.Option(None, help=ACCEPTANCE_HELP),
+    set_: list[str] = typer.Option([], "--set", help="method config key=value (JSON; method.key=value for one)"),
+    data_dir: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    limit: Optional[int] = typer.Option(None, help="questions per benchmark, spread over categories (default 10)"),
+    max_new_tokens: Optional[int] = typer.Option(None, help="new tokens per answer (default 128)"),
+    preset: Optional[str] = typer.Option(None, help="'paper': all 80 questions and 512 tokens (for GPUs)"),
+    top_p: float = typer.Option(1.0),
+    seed: int = typer.Option(0),
+    chat_template: Optional[str] = typer.Option(None, help="'vicuna' or a Jinja template, for targets without one"),
+    system_prompt: Optional[str] = typer.Option(None),
+    out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
+    ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too"),
+    record: bool = typer.Option(False, "--record", help="append one line per cell to the history file"),
+    history_file: Optional[Path] = typer.Option(None, "--history",
+                                                help="history file for --record (default results/history.jsonl)"),
+):
+    """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
+    from harness.compare import run_grid, write_outputs
+    from harness.runner import summarize_dir
+
+    spec = grid_spec(split_csv(methods) if methods else None, benchmarks, temperature, target, dtype, device, limit,
+                     max_new_tokens, preset, top_p, acceptance, seed, set_, chat_template, system_prompt)
+    run_dir = run_grid(spec, out, data_dir, err)
+    print_summary(summarize_dir(run_dir))
+    paths = write_outputs(run_dir, ci)
+    console.print((run_dir / "tables" / "main.md").read_text(), markup=False, highlight=False)
+    print_written(run_dir, paths)
+    if record:
+        from harness.regress import HISTORY_FILE, record_history
+
+        n = record_history(run_dir, history_file or HISTORY_FILE)
+        console.print(f"history: {n} cells appended to {history_file or HISTORY_FILE}")
+    console.print(f"run folder: {run_dir}")
+
+
+@app.command()
+@friendly
+def ablate(
+    method: str = typer.Argument(..., help="the method whose config is swept"),
+    set_: list[str] = typer.Option(..., "--set", help="key=v1,v2,... sweeps a key (key=v fixes it for every variant)"),
+    grid: bool = typer.Option(False, "--grid", help="every combination instead of one factor at a time"),
+    benchmarks: str = typer.Option("mt_bench", help="comma-separated"),
+    temperature: list[float] = typer.Option([0.0], "--temperature", "-t", help=TEMPERATURE_HELP),
+    target: str = typer.Option("smollm2-135m"),
+    dtype: str = typer.Option("auto"),
+    device: str = typer.Option("auto"),
+    acceptance: Optional[str] = typer.Option(None, help=ACCEPTANCE_HELP),
+    data_dir: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    limit: Optional[int] = typer.Option(None, help="questions per benchmark (default 10)"),
+    max_new_tokens: Optional[int] = typer.Option(None, help="default 128"),
+    preset: Optional[str] = typer.Option(None, help="'paper': all 80 questions and 512 tokens"),
+    seed: int = typer.Option(0),
+    out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
+    ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too"),
+):
+    """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
+    from harness.compare import run_ablation, write_outputs
+
+    spec = grid_spec([method], benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, 1.0,
+                     acceptance, seed, None, None, None)
+    run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err)
+    paths = write_outputs(run_dir, ci)
+    console.print((run_dir / "tables" / "ablation.md").read_text(), markup=False, highlight=False)
+    print_written(run_dir, paths)
+    console.print(f"run folder: {run_dir}")
+
+
+@app.command()
+@friendly
+def table(run_dir: Path = typer.Argument(..., help="a run folder"),
+          ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too")):
+    """Rebuild DIR/tables/ (main or ablation, cost, depth: .md .tex .csv) from records.jsonl."""
+    from harness.report import write_tables
+
+    paths = write_tables(run_dir, ci)
+    console.print(paths[0].read_text(), markup=False, highlight=False)
+    print_written(run_dir, paths)
+
+
+@app.command()
+@friendly
+def plot(run_dir: Path = typer.Argument(..., help="a run folder")):
+    """Rebuild DIR/plots/ (speedup, tau, depth, time [, ablation]: .png .svg) from records.jsonl."""
+    from harness.report import write_plots
+
+    print_written(run_dir, write_plots(run_dir))
+
+
+@app.command()
+@friendly
+def baseline(run_dir: Path = typer.Argument(..., help="a run folder"),
+             save: Path = typer.Option(..., "--save", help="baseline JSON to write (e.g. results/baselines/X.json)")):
+    """Store per-cell τ and per-depth acceptance of a run, with its provenance, as a baseline."""
+    from harness.regress import save_baseline
+
+    data = save_baseline(run_dir, save)
+    console.print(f"baseline: {len(data['cells'])} cells from {run_dir} -> {save}")
+
+
+@app.command()
+@friendly
+def regress(run_dir: Path = typer.Argument(..., help="a run folder"),
+            baseline_file: Path = typer.Option(..., "--baseline", help="a file written by `cli.py baseline`"),
+            tolerance: float = typer.Option(0.02, help="allowed relative drop of τ")):
+    """Compare a run's τ with a baseline per cell: exit 0 ok, 1 on a drop or missing cell, 2 if not comparable."""
+    from rich.table import Table
+
+    from harness.regress import cell_name, check
+
+    verdict = check(run_dir, baseline_file, tolerance)
+    shown = verdict.failed or [r for r in verdict.rows if r["status"] == "improved"]
+    if shown:
+        t = Table(show_header=True, header_style="bold")
+        for c in ("method", "benchmark", "T", "rule", "base τ", "run τ", "Δτ", "status"):
+            t.add_column(c)
+        for r in shown:
+            t.add_row(r["method"], r["benchmark"], f"{r['temperature']:g}", r["acceptance"], f"{r['baseline_tau']:.4f}",
+                      "–" if r["tau"] is None else f"{r['tau']:.4f}",
+                      "–" if r["change"] is None else f"{100 * r['change']:+.1f}%",
+                      f"[red]{r['status']}[/]" if r["status"] in ("dropped", "missing") else r["status"])
+        console.print(t)
+    n, tol = len(verdict.rows), f"{100 * tolerance:g}%"
+    if verdict.failed:
+        for r in verdict.failed:
+            what = "missing from the run" if r["status"] == "missing" else (
+                f"τ {r['baseline_tau']:.4f} -> {r['tau']:.4f} ({100 * r['change']:+.1f}%)")
+            console.print(f"[red]regressed:[/] {cell_name(r)}: {what}")
+        console.print(f"{len(verdict.failed)} of {n} cells failed (tolerance {tol})")
+        raise typer.Exit(1)
+    console.print(f"ok: {n} cells within {tol} of {baseline_file}")
+
+
+@app.command()
+@friendly
+def history(history_file: Optional[Path] = typer.Option(None, "--file", help="default results/history.jsonl"),
+            target: Optional[str] = typer.Option(None, help="default: the latest line's"),
+            dtype: Optional[str] = typer.Option(None, help="default: the latest line's"),
+            temperature: float = typer.Option(0.0),
+            benchmark: Optional[str] = typer.Option(None, help="one benchmark (default: mean over benchmarks)"),
+            out: Optional[Path] = typer.Option(None, help="folder for history.png/.svg (default: beside the file)")):
+    """Plot τ over commits per method from the history that `compare --record` appends to."""
+    from rich.table import Table
+
+    from harness.regress import HISTORY_FILE, history_frame, plot_history
+
+    file = history_file or HISTORY_FILE
+    frame = history_frame(file, target, dtype, temperature, benchmark)
+    t = Table(show_header=True, header_style="bold")
+    pivot = frame.pivot_table(index=["order", "commit"], columns="method", values="tau").sort_index()
+    t.add_column("commit")
+    for m in pivot.columns:
+        t.add_column(f"{m} τ")
+    for (_, commit), row in pivot.iterrows():
+        t.add_row(str(commit)[:10], *["–" if v != v else f"{v:.4f}" for v in row])
+    console.print(t)
+    paths = plot_history(frame, out or file.parent, benchmark)
+    console.print(f"plot: {', '.join(map(str, paths))}")
 
 
 @app.command("list")
@@ -169,6 +383,7 @@ def distill(
     dtype: str = typer.Option("auto"),
     device: str = typer.Option("auto"),
     out: Optional[Path] = typer.Option(None, help="default datasets/distill/<target>"),
+    threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
     """Have the target answer training prompts; commit-ready token ids, resumable shard by shard."""
     from rich.progress import Progress
@@ -176,12 +391,63 @@ def distill(
     from harness.target import Target
     from harness.train.distill import DistillPlan, distill as run_distill
 
+    set_threads(threads)
     plan = DistillPlan(str(prompts), n=n, samples=samples, max_new_tokens=max_new_tokens, shard_size=shard_size)
     tgt = Target.load(target, device, dtype)
     out = out or Path(__file__).resolve().parent / "datasets" / "distill" / target
     with Progress(console=err) as progress:
         res = run_distill(tgt, prompts, out, plan, batch_size=batch_size, max_shards=max_shards, progress=progress)
     console.print(res)
+
+
+@app.command()
+@friendly
+def train(
+    method: str = typer.Option(..., "--method", "-m"),
+    target: str = typer.Option("smollm2-135m"),
+    data: Optional[Path] = typer.Option(None, help="distill folder (default datasets/distill/<target>)"),
+    prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
+    steps: int = typer.Option(1500, help="optimiser steps (the same budget for every method by default)"),
+    lr: Optional[float] = typer.Option(None, help="default: the method's own"),
+    tokens_per_batch: int = typer.Option(4096),
+    max_len: int = typer.Option(1024),
+    set_: list[str] = typer.Option([], "--set", help="method config key=value (architecture keys change the checkpoint name)"),
+    dtype: str = typer.Option("auto", help="target dtype for feature extraction"),
+    device: str = typer.Option("auto"),
+    autocast: str = typer.Option("auto", help="auto | bf16 | off"),
+    out: Optional[Path] = typer.Option(None, help="default checkpoints/<target>/<method>[-<arch hash>]"),
+    threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
+):
+    """Train a drafter on the shared distilled data (features are extracted and cached first). Resumes."""
+    from rich.progress import Progress
+
+    from harness.runner import parse_settings
+    from harness.target import Target
+    from harness.train.data import FeatureDataset
+    from harness.train.features import extract_features, load_feature_shards
+    from harness.train.trainer import TrainConfig, Trainer
+    from methods.base import REPO_ROOT
+    from methods.registry import get_method
+
+    set_threads(threads)
+    cls = get_method(method)
+    if not cls.trainable:
+        raise SpecbenchError(f"method '{method}' is training-free: there is nothing to train")
+    overrides = parse_settings(set_)
+    config = cls.resolve_config(overrides)
+    data = data or REPO_ROOT / "datasets" / "distill" / target
+    tgt = Target.load(target, device, dtype)
+    with Progress(console=err) as progress:
+        feats = extract_features(tgt, data, prompts, progress=progress)
+    dataset = FeatureDataset(load_feature_shards(feats))
+    drafter = cls(tgt, overrides)
+    out = out or REPO_ROOT / "checkpoints" / target / cls.checkpoint_name(config)
+    cfg = TrainConfig(steps=steps, lr=lr if lr is not None else cls.default_lr, tokens_per_batch=tokens_per_batch,
+                      max_len=max_len, autocast=autocast)
+    err.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
+              f"answer tokens; checkpoints in {out}")
+    result = Trainer(drafter, dataset, cfg, out, err).train()
+    console.print_json(data=result)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 from harness.benchmarks import Question, load_questions, resolve_data_dir, verify_data_dir
 from harness.decode import Generation, GenerationConfig, generate
@@ -118,13 +119,25 @@ class MethodSlot:
     config: dict[str, Any]
     config_hash: str
     checkpoint_hash: str | None
+    label: str = ""         # shown in progress; a variant's settings when one method runs in several configs
+
+
+PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
 
 
 class Runner:
+    """Runs `cfg` on one target. `variants` (used by `cli.py ablate`): several override sets of
+    the run's method(s), each its own slot beside AR in the per-prompt rotation (labels are the
+    dict keys). A caller running several Runners on one loaded target and one progress view
+    (harness.compare) passes `target`, calls `prepare()` for each, then `run_cells(...)`."""
+
     def __init__(self, cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
-                 console: Console | None = None, target: Target | None = None) -> None:
+                 console: Console | None = None, target: Target | None = None,
+                 variants: dict[str, dict[str, Any]] | None = None) -> None:
         from methods.registry import get_method
 
+        self.variants = variants
         self.cfg = cfg
         self.console = console or Console(stderr=True)
         self.data_dir = resolve_data_dir(data_dir)
@@ -144,10 +157,10 @@ class Runner:
 
     # ------------------------------------------------------------------ setup
     def _load(self) -> None:
-        warn = load_average_warning()
-        if warn:
-            self.console.print(f"[yellow]warning:[/] {warn}")
         if self.target is None:
+            warn = load_average_warning()
+            if warn:
+                self.console.print(f"[yellow]warning:[/] {warn}")
             with self.console.status(f"loading target {self.cfg.target}"):
                 self.target = Target.load(self.cfg.target, self.cfg.device, self.cfg.dtype,
                                           self.cfg.chat_template, self.cfg.system_prompt)
@@ -155,15 +168,21 @@ class Runner:
         self.slots = [MethodSlot(AR_METHOD, None, ar_conf, config_hash({"method": AR_METHOD}), None)]
         for name, cls in self.classes.items():
             overrides = method_overrides(cls, self.cfg.settings, list(self.classes))
-            drafter = cls.create(self.target, overrides, checkpoint=self.cfg.checkpoint if cls.trainable else None)
-            ck = drafter.checkpoint_hash()
-            h = config_hash({"method": name, "config": drafter.config, "checkpoint": ck})
-            self.slots.append(MethodSlot(name, drafter, drafter.config, h, ck))
+            for label, extra in (self.variants or {name: {}}).items():
+                drafter = cls.create(self.target, {**overrides, **extra},
+                                     checkpoint=self.cfg.checkpoint if cls.trainable else None)
+                ck = drafter.checkpoint_hash()
+                h = config_hash({"method": name, "config": drafter.config, "checkpoint": ck})
+                twin = next((s.label for s in self.slots if s.config_hash == h), None)
+                if twin is not None:
+                    raise SpecbenchError(f"variants '{twin}' and '{label}' of {name} are the same config")
+                self.slots.append(MethodSlot(name, drafter, drafter.config, h, ck, label))
 
     def _meta_config(self) -> dict[str, Any]:
         return {**self.cfg.to_dict(), "methods_resolved": {
-            s.name: {"config": s.config, "config_hash": s.config_hash, "checkpoint_hash": s.checkpoint_hash,
-                     "parameters": s.drafter.num_parameters() if s.drafter is not None else 0}
+            (s.label or s.name): {"config": s.config, "config_hash": s.config_hash,
+                                  "checkpoint_hash": s.checkpoint_hash,
+                                  "parameters": s.drafter.num_parameters() if s.drafter is not None else 0}
             for s in self.slots}}
 
     # ------------------------------------------------------------------ one answer
@@ -200,46 +219,62 @@ class Runner:
         self.run_dir.open(self._meta_config())
         meta_extra = {"data_dir": str(self.data_dir), "official_prompts": verify_data_dir(self.data_dir)}
         self.run_dir.write_extra(meta_extra)
+        self._warm_up()
+        with Progress(*PROGRESS_COLUMNS, console=self.console, transient=False) as progress:
+            task = progress.add_task("answers", total=self.total_answers())
+            self.run_cells(progress, task)
+        return self.run_dir.path
+
+    def prepare(self) -> dict[str, Any]:
+        """Load the target (unless given) and the drafters; return the config `run` stores in
+        meta.json. With `warm_up` and `run_cells`, what `run` does, for callers that share one
+        target and one progress view over several Runners."""
+        self._load()
+        return self._meta_config()
+
+    def warm_up(self) -> None:
+        self._warm_up()
+
+    def total_answers(self) -> int:
+        return sum(len(q.turns) for qs in self.questions.values() for q in qs) * len(self.slots)
+
+    def run_cells(self, progress: Progress, task: TaskID, prefix: str = "") -> None:
+        """Answer every cell not recorded yet, advancing `task` of `progress` once per answer."""
         done = self.run_dir.done_keys()
         existing = {r["key"]: r for r in self.run_dir.records()}
-        total = sum(len(q.turns) for qs in self.questions.values() for q in qs) * len(self.slots)
-        self._warm_up()
-        columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-        with Progress(*columns, console=self.console, transient=False) as progress:
-            task = progress.add_task("answers", total=total)
-            rotation = 0
-            for bench, questions in self.questions.items():
-                for q in questions:
-                    histories: dict[str, list[dict]] = {s.name: [] for s in self.slots}
-                    for turn in range(len(q.turns)):
-                        seed = answer_seed(self.cfg.seed, bench, q.question_id, turn)
-                        # Rotate the order per prompt so that machine drift favours no method.
-                        order = self.slots[rotation % len(self.slots):] + self.slots[:rotation % len(self.slots)]
-                        rotation += 1
-                        for slot in order:
-                            messages = self._messages(histories[slot.name], q, turn)
-                            probe = {"method": slot.name, "config_hash": slot.config_hash, "benchmark": bench,
-                                     "question_id": q.question_id, "turn": turn,
-                                     "temperature": float(self.cfg.temperature),
-                                     "acceptance": "none" if slot.drafter is None else self.cfg.acceptance,
-                                     "seed": seed}
-                            key = record_key(probe)
-                            progress.update(task, description=f"{bench} q{q.question_id} t{turn} {slot.name}")
-                            if key in done:
-                                out_ids = existing[key]["output_ids"]
-                            else:
-                                prompt_ids = self.target.encode_chat(messages)
-                                g = self._answer(slot, prompt_ids, seed)
-                                rec = self._record(slot, q, turn, seed, prompt_ids, g)
-                                self.run_dir.append(rec)
-                                out_ids = g.output_ids
-                            # Each method continues MT-Bench turn 2 from its own turn-1 answer.
-                            histories[slot.name] = messages + [
-                                {"role": "assistant", "content": self.target.decode(out_ids).strip()}]
-                            progress.advance(task)
-                self.write_summary()
-        return self.run_dir.path
+        rotation = 0
+        for bench, questions in self.questions.items():
+            for q in questions:
+                # Keyed by config hash: variants of one method keep their own conversations.
+                histories: dict[str, list[dict]] = {s.config_hash: [] for s in self.slots}
+                for turn in range(len(q.turns)):
+                    seed = answer_seed(self.cfg.seed, bench, q.question_id, turn)
+                    # Rotate the order per prompt so that machine drift favours no method.
+                    order = self.slots[rotation % len(self.slots):] + self.slots[:rotation % len(self.slots)]
+                    rotation += 1
+                    for slot in order:
+                        messages = self._messages(histories[slot.config_hash], q, turn)
+                        probe = {"method": slot.name, "config_hash": slot.config_hash, "benchmark": bench,
+                                 "question_id": q.question_id, "turn": turn,
+                                 "temperature": float(self.cfg.temperature),
+                                 "acceptance": "none" if slot.drafter is None else self.cfg.acceptance,
+                                 "seed": seed}
+                        key = record_key(probe)
+                        progress.update(task, description=f"{prefix}{bench} q{q.question_id} t{turn} "
+                                                          f"{slot.label or slot.name}")
+                        if key in done:
+                            out_ids = existing[key]["output_ids"]
+                        else:
+                            prompt_ids = self.target.encode_chat(messages)
+                            g = self._answer(slot, prompt_ids, seed)
+                            rec = self._record(slot, q, turn, seed, prompt_ids, g)
+                            self.run_dir.append(rec)
+                            out_ids = g.output_ids
+                        # Each method continues MT-Bench turn 2 from its own turn-1 answer.
+                        histories[slot.config_hash] = messages + [
+                            {"role": "assistant", "content": self.target.decode(out_ids).strip()}]
+                        progress.advance(task)
+            self.write_summary()
 
     def _warm_up(self) -> None:
         """One untimed short generation per method, so no method pays for first-call costs."""

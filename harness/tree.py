@@ -118,3 +118,53 @@ class DraftTree:
 def tree_from_parent_map(root: int, tokens: list[int], parents: list[int]) -> DraftTree:
     """Build a tree from draft tokens whose parents index into [root] + tokens (0 = root)."""
     return DraftTree(torch.tensor([root] + list(tokens)), torch.tensor([-1] + list(parents)))
+
+
+# Medusa's static tree of 63 draft nodes (FasterDecoding/Medusa, medusa_choices.py), also Hydra's
+# default. Each entry is the path of ranks [i0, i1, ...]: rank i_d among the depth-(d+1) head's
+# top-k. The list is ordered by estimated acceptance, so its first N entries are the best N-node
+# tree that the list knows (every prefix's parent comes earlier): the CPU presets take those.
+MC_SIM_7B_63 = [
+    [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5],
+    [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9],
+    [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1],
+    [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0],
+    [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0],
+    [0, 0, 0, 1], [1, 6], [0, 7, 0],
+]
+TREE_PRESETS = {"mc_sim_7b_63": MC_SIM_7B_63, "cpu_31": MC_SIM_7B_63[:31], "cpu_15": MC_SIM_7B_63[:15],
+                "cpu_7": MC_SIM_7B_63[:7]}
+
+
+@dataclass
+class StaticTree:
+    """A static tree from "choices": nodes in topological order (by depth, then list order).
+    parents index into [root] + nodes; ranks[i] is node i's rank in its depth's top-k."""
+
+    choices: list[list[int]]
+
+    def __post_init__(self) -> None:
+        known = {tuple(c) for c in self.choices}
+        for c in self.choices:
+            if len(c) > 1 and tuple(c[:-1]) not in known:
+                raise ValueError(f"tree choice {c} has no parent {c[:-1]} in the list")
+        self.nodes = sorted((list(c) for c in self.choices), key=lambda c: (len(c), c))
+        index = {tuple(c): i + 1 for i, c in enumerate(self.nodes)}
+        self.parents = [index[tuple(c[:-1])] if len(c) > 1 else 0 for c in self.nodes]
+        self.depths = [len(c) for c in self.nodes]
+        self.ranks = [c[-1] for c in self.nodes]
+        self.max_depth = max(self.depths, default=0)
+        self.topk = max(self.ranks, default=-1) + 1
+
+    @classmethod
+    def named(cls, name_or_choices) -> "StaticTree":
+        if isinstance(name_or_choices, str):
+            if name_or_choices not in TREE_PRESETS:
+                from harness.errors import unknown
+
+                raise unknown("tree preset", name_or_choices, TREE_PRESETS)
+            return cls(TREE_PRESETS[name_or_choices])
+        return cls([list(c) for c in name_or_choices])
+
+    def truncated(self, max_depth: int) -> "StaticTree":
+        return StaticTree([c for c in self.choices if len(c) <= max_depth])

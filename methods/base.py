@@ -6,6 +6,8 @@ itself (it may reuse the target's frozen embedding and LM head). The shared loop
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -14,6 +16,8 @@ from torch import nn
 from harness.errors import SpecbenchError, did_you_mean
 from harness.results import config_hash
 from harness.tree import DraftTree
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Drafter(nn.Module):
@@ -73,3 +77,128 @@ class Drafter(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def checkpoint_search_paths(target_name: str, method: str) -> list[Path]:
+    """Where a drafter's weights are looked for, in order (after an explicit --checkpoint)."""
+    import os
+
+    from harness.target import cache_root
+
+    paths = []
+    if os.environ.get("SPECBENCH_CHECKPOINTS"):
+        paths.append(Path(os.environ["SPECBENCH_CHECKPOINTS"]) / target_name / method)
+    paths.append(REPO_ROOT / "checkpoints" / target_name / method)
+    paths.append(cache_root() / "checkpoints" / target_name / method)
+    return paths
+
+
+class LearnedDrafter(Drafter):
+    """A drafter with weights: checkpoint folders hold `config.json` (method, architecture config,
+    target name, vocab hash, sizes, training summary) and `model.safetensors` with the drafter's
+    own weights only (the target's frozen embedding and LM head are never copied)."""
+
+    trainable = True
+    default_lr: ClassVar[float] = 1e-3
+    weights_from: ClassVar[str | None] = None  # EAGLE-2 reads EAGLE's weights
+
+    @classmethod
+    def checkpoint_name(cls, config: dict[str, Any]) -> str:
+        base = cls.weights_from or cls.name
+        defaults = {k: cls.defaults[k] for k in cls.arch_keys}
+        if {k: config[k] for k in cls.arch_keys} == defaults:
+            return base
+        return f"{base}-{cls.arch_hash(config)}"
+
+    def checkpoint_hash(self) -> str | None:
+        return getattr(self, "_weights_hash", None)
+
+    def save_pretrained(self, path: str | Path, training: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path / "model.safetensors"))
+        meta = {"format": "specbench", "method": self.weights_from or self.name,
+                "arch": {k: self.config[k] for k in self.arch_keys}, "target": self.target.name,
+                "vocab_hash": self.target.vocab_hash(), "hidden_size": self.target.hidden_size,
+                "vocab_size": self.target.vocab_size, "parameters": self.num_parameters(), "training": training}
+        (path / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target, overrides: dict[str, Any] | None = None) -> "LearnedDrafter":
+        folder = resolve_checkpoint(path)
+        cfg_path = folder / "config.json"
+        meta = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        if meta.get("format") != "specbench":
+            return cls.load_official(folder, target, overrides or {})
+        want = cls.weights_from or cls.name
+        if meta.get("method") != want:
+            raise SpecbenchError(f"{folder} holds '{meta.get('method')}' weights, not '{want}'")
+        if meta.get("hidden_size") != target.hidden_size or meta.get("vocab_size") != target.vocab_size:
+            raise SpecbenchError(
+                f"{folder} was trained for hidden {meta.get('hidden_size')} / vocab {meta.get('vocab_size')}, "
+                f"target '{target.name}' has {target.hidden_size} / {target.vocab_size}: train one for this target")
+        if meta.get("vocab_hash") not in (None, target.vocab_hash()):
+            raise SpecbenchError(f"{folder} was trained with another tokenizer than target '{target.name}'")
+        drafter = cls(target, {**meta.get("arch", {}), **(overrides or {})})
+        drafter.load_weights(folder / "model.safetensors")
+        return drafter
+
+    def load_weights(self, file: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Load (a mapped) state dict strictly, cast to the target's dtype, and hash it."""
+        import hashlib
+
+        from safetensors.torch import load_file
+
+        state = state if state is not None else load_file(str(file))
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise SpecbenchError(f"{file}: weights do not fit '{self.name}' as configured "
+                                 f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        h = hashlib.sha256()
+        for k in sorted(state):
+            h.update(k.encode())
+            h.update(state[k].float().numpy().tobytes()[:4096])
+            h.update(str(tuple(state[k].shape)).encode())
+        self._weights_hash = h.hexdigest()[:12]
+        self.to(device=self.target.device, dtype=self.target.dtype)
+
+    @classmethod
+    def load_official(cls, folder: Path, target, overrides: dict[str, Any]) -> "LearnedDrafter":
+        raise SpecbenchError(f"{folder} is not a specbench checkpoint and '{cls.name}' has no official-layout loader")
+
+    @classmethod
+    def create(cls, target, overrides: dict[str, Any], checkpoint: str | None = None) -> "Drafter":
+        if checkpoint:
+            return cls.from_pretrained(checkpoint, target, overrides)
+        config = cls.resolve_config(overrides)
+        name = cls.checkpoint_name(config)
+        for p in checkpoint_search_paths(target.name, name):
+            if (p / "model.safetensors").exists() or (p / "pytorch_model.bin").exists():
+                return cls.from_pretrained(p, target, overrides)
+        raise SpecbenchError(
+            f"no trained weights for '{cls.name}' on target '{target.name}' (looked in "
+            f"{', '.join(str(p) for p in checkpoint_search_paths(target.name, name))}); train them with "
+            f"`python cli.py train --method {cls.weights_from or cls.name} --target {target.name}` or pass --checkpoint")
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A local folder, or a hub id fetched with huggingface_hub (offline machines need it cached)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists():
+        return p.parent
+    import re
+
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(str(path)))
+        except Exception as e:  # noqa: BLE001 - any hub failure is one user-facing line
+            raise SpecbenchError(f"could not fetch checkpoint '{path}' ({str(e).splitlines()[0]}); "
+                                 "download it first and pass the folder") from None
+    raise SpecbenchError(f"checkpoint '{path}' not found: pass a folder with config.json + weights, or a hub id")

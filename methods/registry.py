@@ -9,6 +9,10 @@ from harness.errors import unknown
 # name -> "module:Class"; "ar" (plain decoding) is not a drafter and is handled by the runner.
 _ENTRIES: dict[str, str] = {
     "pld": "methods.pld:PromptLookupDrafter",
+    "medusa": "methods.medusa:Medusa",
+    "hydra": "methods.hydra:Hydra",
+    "eagle": "methods.eagle:Eagle",
+    "eagle2": "methods.eagle2:Eagle2",
 }
 _CLASSES: dict[str, type] = {}
 

@@ -1,0 +1,58 @@
+"""Decoder layers of the target's own architecture, for drafters that carry attention layers
+(Hydra's prefix layer, EAGLE's and Gumiho's serial layers).
+
+Built from the target's config class with `num_hidden_layers = n`, so any Llama/Qwen2/Gemma-style
+target works; the vocab embedding is dropped (drafters feed `inputs_embeds` and reuse the
+target's frozen embedding), and they run on our own preallocated KV cache.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from harness.kvcache import KVCache
+
+
+class DecoderStack(nn.Module):
+    """`layers` decoder layers + rotary embedding (+ optional final norm) of the target's architecture."""
+
+    def __init__(self, target_config, num_layers: int, first_input_norm: bool = True, final_norm: bool = True) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        cfg = copy.deepcopy(target_config)
+        cfg.num_hidden_layers = num_layers
+        if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
+            cfg.layer_types = list(cfg.layer_types)[:num_layers]
+        base = AutoModel.from_config(cfg)
+        self.layers = base.layers
+        self.rotary_emb = base.rotary_emb
+        self.norm = base.norm if final_norm else nn.Identity()
+        if not first_input_norm:
+            # EAGLE: the fc output enters attention directly.
+            self.layers[0].input_layernorm = nn.Identity()
+        self.num_layers = num_layers
+        self.config = cfg
+
+    def new_cache(self, capacity: int = 1024) -> KVCache:
+        return KVCache(self.num_layers, capacity)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, T, H]; position_ids: [B, T]; mask: None (causal over cache + x) or a boolean
+        [B, 1, T, S] mask, True where attention is allowed (boolean: dtype-agnostic under autocast)."""
+        pos_emb = self.rotary_emb(x, position_ids=position_ids)
+        if mask is None and x.shape[1] > 1:
+            past = cache.length if cache is not None else 0
+            t = x.shape[1]
+            allowed = torch.ones(t, past + t, dtype=torch.bool, device=x.device)
+            allowed[:, past:] = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            mask = allowed[None, None]
+        for layer in self.layers:
+            x = layer(x, attention_mask=mask, position_ids=position_ids, cache=cache,
+                      use_cache=cache is not None, position_embeddings=pos_emb)
+            if isinstance(x, tuple):
+                x = x[0]
+        return self.norm(x)

@@ -1,0 +1,310 @@
+"""τ baselines, regression checks and the τ history across commits.
+
+Greedy τ on CPU in float32 is deterministic, so it is what regression tracking compares; seconds
+are not (they go into the history file for the record, never into a pass/fail).
+
+- `save_baseline(run_dir, file)`: per cell (method, benchmark, temperature, acceptance) the
+  numeric τ and per-depth acceptance, with the run's provenance (target, dtype, device, CPU flags
+  or GPU name, prompts, max new tokens, drafter checkpoint hashes).
+- `check(run_dir, file, tolerance)`: refuses (SpecbenchError, the CLI's exit 2) a run whose
+  provenance differs, naming the field; otherwise compares cell by cell: a τ more than
+  `tolerance` (relative) below the baseline, or a baseline cell missing from the run, fails.
+- `record_history(run_dir, file)`: appends one line per cell (commit, date, config hash, τ,
+  speedup) to `results/history.jsonl`; `history_frame` / `plot_history` read it back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.errors import SpecbenchError
+from harness.metrics import per_depth_acceptance
+from harness.report import RunData, fmt_temperature, load_run, main_cells, method_color
+
+FORMAT = "specbench-baseline/1"
+DEFAULT_TOLERANCE = 0.02
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HISTORY_FILE = REPO_ROOT / "results" / "history.jsonl"
+EPS = 1e-9
+
+
+# ----------------------------------------------------------------------------- cells and provenance
+
+def run_cells(run: RunData) -> list[dict[str, Any]]:
+    """Per (method, benchmark, temperature, acceptance) of a run: τ, speedup, answers, per-depth
+    acceptance, config and checkpoint hash. AR is left out (its τ is 1 by construction)."""
+    cells = main_cells(run)
+    out = []
+    for row in run.rows:
+        for b in run.benchmarks:
+            recs = run.row_records(row, b)
+            if not recs:
+                continue
+            c = cells[row][b]
+            out.append({
+                "method": row.name, "benchmark": b, "temperature": row.temperature, "acceptance": row.acceptance,
+                "tau": c.tau, "speedup": None if math.isnan(c.speedup) else c.speedup, "answers": c.answers,
+                "per_depth": [round(x, 6) for x in per_depth_acceptance(recs)], "config_hash": row.config_hash,
+                "checkpoint_hash": recs[0].get("checkpoint_hash"),
+            })
+    return out
+
+
+def _one(values: set, what: str, run_dir: Path) -> Any:
+    values = {v for v in values if v is not None}
+    if len(values) > 1:
+        raise SpecbenchError(f"{run_dir} mixes several {what}s ({', '.join(map(str, sorted(values)))}): "
+                             "baselines need one")
+    return next(iter(values), None)
+
+
+def provenance(run: RunData) -> dict[str, Any]:
+    """What must match for two runs' τ to be comparable, from meta.json and the records."""
+    run_dir = run.path
+    meta, config = run.meta, run.meta.get("config", {})
+    device = _one({str(r.get("device", "cpu")).split(":")[0] for r in run.records}, "device", run_dir)
+    prompts: dict[str, Any] = {}
+    for b in run.benchmarks:
+        turns = sorted({(int(r["question_id"]), int(r["turn"])) for r in run.records if r["benchmark"] == b})
+        first = sorted({(int(r["question_id"]), r.get("prompt_tokens")) for r in run.records
+                        if r["benchmark"] == b and int(r["turn"]) == 0})
+        digest = hashlib.sha256(json.dumps([turns, first]).encode()).hexdigest()[:12]
+        prompts[b] = {"questions": sorted({q for q, _ in turns}), "answers_per_method": len(turns),
+                      "digest": digest, "official": (meta.get("official_prompts") or {}).get(b)}
+    checkpoints: dict[str, Any] = {}
+    for r in run.records:
+        if r["method"] != "ar":
+            checkpoints.setdefault(r["method"], set()).add(r.get("checkpoint_hash"))
+    return {
+        "target": _one({r.get("target") for r in run.records}, "target", run_dir),
+        "dtype": _one({r.get("dtype") for r in run.records}, "dtype", run_dir),
+        "device": device,
+        "cpu_flags": meta.get("cpu_flags") if device == "cpu" else None,
+        "gpu": meta.get("gpu") if device != "cpu" else None,
+        "max_new_tokens": config.get("max_new_tokens"),
+        "prompts": prompts,
+        "checkpoints": {m: sorted(v, key=str)[0] if len(v) == 1 else sorted(map(str, v))
+                        for m, v in checkpoints.items()},
+    }
+
+
+# ----------------------------------------------------------------------------- baseline
+
+def save_baseline(run_dir: Path, file: Path) -> dict[str, Any]:
+    run = load_run(run_dir)
+    cells = run_cells(run)
+    if not cells:
+        raise SpecbenchError(f"{run_dir} has no method cells to baseline")
+    meta = run.meta
+    baseline = {
+        "format": FORMAT,
+        "source": {"run_dir": str(run_dir), "commit": meta.get("commit"), "dirty": meta.get("dirty"),
+                   "date": meta.get("date"), "config_hash": meta.get("config_hash")},
+        "provenance": provenance(run),
+        "cells": [{k: c[k] for k in ("method", "benchmark", "temperature", "acceptance", "tau", "per_depth",
+                                     "answers", "speedup", "config_hash", "checkpoint_hash")} for c in cells],
+    }
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(_dump(baseline))
+    return baseline
+
+
+def _dump(data: dict[str, Any]) -> str:
+    """Indented JSON with every list of numbers or strings on one line, so diffs read per cell."""
+    text = json.dumps(data, indent=1)
+    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text) + "\n"
+
+
+def load_baseline(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(file).read_text())
+    except FileNotFoundError:
+        raise SpecbenchError(
+            f"baseline {file} not found; save one with `cli.py baseline RUN_DIR --save {file}`") from None
+    except json.JSONDecodeError as e:
+        raise SpecbenchError(f"baseline {file} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("cells"), list):
+        raise SpecbenchError(f"{file} is not a specbench baseline (format {FORMAT})")
+    return data
+
+
+# ----------------------------------------------------------------------------- regress
+
+@dataclass
+class Verdict:
+    rows: list[dict[str, Any]]   # every baseline cell with status ok | improved | dropped | missing
+    tolerance: float
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] in ("dropped", "missing")]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+def cell_name(c: dict[str, Any]) -> str:
+    return f"{c['method']} {c['benchmark']} T={fmt_temperature(float(c['temperature']))} {c['acceptance']}"
+
+
+def _refuse(field: str, old: Any, new: Any) -> SpecbenchError:
+    def show(v: Any) -> str:
+        return json.dumps(v, default=str) if not isinstance(v, str) else v
+    return SpecbenchError(f"refusing to compare: {field} differs (baseline {show(old)}, run {show(new)}); "
+                          "save a baseline from a run made like this one")
+
+
+def check_provenance(base: dict[str, Any], run: dict[str, Any], methods: set[str], benchmarks: set[str]) -> None:
+    """Raise naming the first field where the run cannot be compared with the baseline."""
+    for field in ("target", "dtype", "device", "max_new_tokens", "gpu"):
+        if base.get(field) != run.get(field):
+            raise _refuse(field, base.get(field), run.get(field))
+    bflags, rflags = base.get("cpu_flags") or {}, run.get("cpu_flags") or {}
+    for flag in sorted(set(bflags) | set(rflags)):
+        if bflags.get(flag) != rflags.get(flag):
+            raise _refuse(f"cpu_flags.{flag}", bflags.get(flag), rflags.get(flag))
+    for b in sorted(benchmarks):
+        old, new = base["prompts"].get(b), run["prompts"].get(b)
+        if new is None:
+            continue  # the benchmark is absent from the run: its cells are reported missing
+        if old is None:
+            continue
+        if old["questions"] != new["questions"]:
+            raise _refuse(f"prompts of {b} (question ids)", old["questions"], new["questions"])
+        for key in ("answers_per_method", "digest", "official"):
+            if old.get(key) != new.get(key):
+                raise _refuse(f"prompts of {b} ({key})", old.get(key), new.get(key))
+    for m in sorted(methods):
+        if m in run["checkpoints"] and base["checkpoints"].get(m) != run["checkpoints"][m]:
+            raise _refuse(f"drafter checkpoint hash of {m}", base["checkpoints"].get(m), run["checkpoints"][m])
+
+
+def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERANCE) -> Verdict:
+    if not 0 <= tolerance < 1:
+        raise SpecbenchError(f"--tolerance is relative, in [0, 1): got {tolerance}")
+    base = load_baseline(baseline_file)
+    run = load_run(run_dir)
+    cells = run_cells(run)
+    prov = provenance(run)
+    bcells = base["cells"]
+    check_provenance(base["provenance"], prov, {c["method"] for c in bcells}, {c["benchmark"] for c in bcells})
+    exact = {(c["method"], c["benchmark"], float(c["temperature"]), c["acceptance"]): c for c in cells}
+    loose = {(c["method"], c["benchmark"], float(c["temperature"])): c for c in cells}
+    rows = []
+    for b in bcells:
+        key = (b["method"], b["benchmark"], float(b["temperature"]))
+        got = exact.get((*key, b["acceptance"]))
+        if got is None and key in loose:
+            raise _refuse(f"acceptance rule of {b['method']} {b['benchmark']} T={fmt_temperature(key[2])}",
+                          b["acceptance"], loose[key]["acceptance"])
+        row = {**{k: b[k] for k in ("method", "benchmark", "temperature", "acceptance")},
+               "baseline_tau": b["tau"], "tau": None, "change": None, "status": "missing",
+               "baseline_depth1": (b.get("per_depth") or [None])[0], "depth1": None}
+        if got is not None and got["tau"] is not None and not math.isnan(got["tau"]):
+            change = got["tau"] / b["tau"] - 1 if b["tau"] else 0.0
+            status = "dropped" if got["tau"] < b["tau"] * (1 - tolerance) - EPS else (
+                "improved" if got["tau"] > b["tau"] * (1 + tolerance) + EPS else "ok")
+            row.update(tau=got["tau"], change=change, status=status, depth1=(got["per_depth"] or [None])[0])
+        rows.append(row)
+    return Verdict(rows, tolerance)
+
+
+# ----------------------------------------------------------------------------- history
+
+def record_history(run_dir: Path, file: Path = HISTORY_FILE) -> int:
+    """Append one line per cell of the run to the history file; returns the number of lines."""
+    run = load_run(run_dir)
+    meta = run.meta
+    prov = provenance(run)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    lines = []
+    for c in run_cells(run):
+        lines.append({
+            "commit": meta.get("commit"), "dirty": meta.get("dirty"), "date": meta.get("date") or now,
+            "recorded": now, "run_config_hash": meta.get("config_hash"), "config_hash": c["config_hash"],
+            "target": prov["target"], "dtype": prov["dtype"], "device": prov["device"],
+            "max_new_tokens": prov["max_new_tokens"], "method": c["method"], "benchmark": c["benchmark"],
+            "temperature": c["temperature"], "acceptance": c["acceptance"], "answers": c["answers"],
+            "tau": round(c["tau"], 6), "speedup": None if c["speedup"] is None else round(c["speedup"], 6),
+        })
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with file.open("a", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    return len(lines)
+
+
+def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: str | None = None,
+                  temperature: float = 0.0, benchmark: str | None = None) -> pd.DataFrame:
+    """τ per (commit, method, acceptance): the mean over benchmarks (or `benchmark`'s) of the
+    latest line per cell and commit; commits in order of their first date. `target` and `dtype`
+    default to the latest line's."""
+    file = Path(file)
+    if not file.exists():
+        raise SpecbenchError(f"no history at {file}: `cli.py compare --record` appends to it")
+    rows = []
+    for i, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise SpecbenchError(f"{file}:{i}: malformed line ({e})") from None
+    if not rows:
+        raise SpecbenchError(f"{file} is empty")
+    df = pd.DataFrame(rows)
+    target = target or df["target"].iloc[-1]
+    dtype = dtype or df["dtype"].iloc[-1]
+    df = df[(df["target"] == target) & (df["dtype"] == dtype) & (df["temperature"].astype(float) == temperature)]
+    if benchmark:
+        df = df[df["benchmark"] == benchmark]
+    if df.empty:
+        raise SpecbenchError(f"{file} has no lines for target {target}, dtype {dtype}, T={fmt_temperature(temperature)}"
+                             + (f", benchmark {benchmark}" if benchmark else ""))
+    df = df.assign(commit=df["commit"].fillna("unknown"))
+    order = df.groupby("commit")["date"].min().sort_values()
+    latest = df.drop_duplicates(["commit", "method", "acceptance", "benchmark"], keep="last")
+    out = latest.groupby(["commit", "method", "acceptance"], sort=False).agg(
+        tau=("tau", "mean"), benchmarks=("benchmark", "nunique"), dirty=("dirty", "max")).reset_index()
+    out["order"] = out["commit"].map({c: i for i, c in enumerate(order.index)})
+    return out.sort_values(["order", "method", "acceptance"]).reset_index(drop=True)
+
+
+def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, name: str = "history") -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+    from matplotlib import rc_context
+
+    from harness.report import _figure, _legend_above, _save, _style
+
+    commits = frame.drop_duplicates("commit").sort_values("order")
+    labels = [str(c)[:7] + ("*" if d else "") for c, d in zip(commits["commit"], commits["dirty"])]
+    with rc_context(_style()):
+        fig = _figure(2.3)
+        ax = fig.subplots()
+        handles, names = [], []
+        for (method, acceptance), g in frame.groupby(["method", "acceptance"], sort=False):
+            (h,) = ax.plot(g["order"], g["tau"], marker="o", color=method_color(method),
+                           linestyle="--" if acceptance == "typical" else "-")
+            handles.append(h)
+            names.append(method + (f" ({acceptance}, lossy)" if acceptance == "typical" else ""))
+        ax.set_xticks(np.arange(len(labels)), labels, rotation=45 if len(labels) > 4 else 0,
+                      ha="right" if len(labels) > 4 else "center", rotation_mode="anchor")
+        ax.set_xlabel("Commit (* = uncommitted changes)")
+        ax.set_ylabel(f"τ ({benchmark})" if benchmark else "τ (mean over benchmarks)")
+        ax.grid(axis="x", visible=False)
+        _legend_above(fig, handles, names)
+        return _save(fig, Path(out), name)

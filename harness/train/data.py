@@ -1,0 +1,100 @@
+"""Training batches of distilled conversations: token ids, target features, loss masks.
+
+Every method trains from the same `FeatureDataset` with the same split and the same batches, so
+a comparison of methods is a comparison of methods, not of data.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DistillBatch:
+    """input_ids [B, T]; features [B, T, H] target last-layer normed hidden states (with input
+    noise when the trainer adds it); target_features [B, T, H] the clean ones; loss_mask [B, T]
+    1 on assistant tokens; attention_mask [B, T] 1 on real tokens (right padding)."""
+
+    input_ids: torch.Tensor
+    features: torch.Tensor
+    target_features: torch.Tensor
+    loss_mask: torch.Tensor
+    attention_mask: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+@dataclass
+class Sequence:
+    ids: torch.Tensor       # [n] long
+    hidden: torch.Tensor    # [n, H] bf16
+    prompt_len: int
+
+
+def _held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
+    h = hashlib.sha256(ids[:64].numpy().tobytes()).digest()
+    return int.from_bytes(h[:4], "little") / 2**32 < share
+
+
+class FeatureDataset:
+    """All feature shards in memory (1 M tokens x 576 x bf16 is ~1.2 GB), split train/held-out by a
+    hash of each conversation's opening tokens (stable across machines and shard orders)."""
+
+    def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = 0.03) -> None:
+        self.train: list[Sequence] = []
+        self.valid: list[Sequence] = []
+        for shard in shards:
+            off = shard["offsets"].tolist()
+            for i in range(len(off) - 1):
+                ids = shard["input_ids"][off[i] : off[i + 1]].long()
+                seq = Sequence(ids, shard["hidden"][off[i] : off[i + 1]], int(shard["prompt_len"][i]))
+                (self.valid if _held_out(i, ids, holdout) else self.train).append(seq)
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(len(s.ids) - s.prompt_len for s in self.train)
+
+
+def collate(seqs: list[Sequence], max_len: int) -> DistillBatch:
+    width = min(max_len, max(len(s.ids) for s in seqs))
+    h = seqs[0].hidden.shape[-1]
+    b = len(seqs)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    feats = torch.zeros(b, width, h, dtype=torch.bfloat16)
+    loss = torch.zeros(b, width)
+    att = torch.zeros(b, width)
+    for r, s in enumerate(seqs):
+        n = len(s.ids)
+        # Long conversations keep their last max_len tokens: that is where the answer is.
+        start = max(0, n - width)
+        m = n - start
+        ids[r, :m] = s.ids[start:]
+        feats[r, :m] = s.hidden[start:]
+        att[r, :m] = 1
+        loss[r, max(0, s.prompt_len - start) : m] = 1
+    f = feats.float()
+    return DistillBatch(ids, f, f, loss, att)
+
+
+def batches(seqs: list[Sequence], tokens_per_batch: int, max_len: int, seed: int, epoch: int):
+    """Length-bucketed batches of about `tokens_per_batch` padded tokens, shuffled per epoch."""
+    rng = random.Random(seed * 1000 + epoch)
+    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].ids), rng.random()))
+    groups, cur, width = [], [], 0
+    for i in order:
+        n = min(max_len, len(seqs[i].ids))
+        if cur and max(width, n) * (len(cur) + 1) > tokens_per_batch:
+            groups.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    if cur:
+        groups.append(cur)
+    rng.shuffle(groups)
+    for g in groups:
+        yield collate([seqs[i] for i in g], max_len)

@@ -1,0 +1,105 @@
+"""Target features for training: one forward per distilled conversation, cached as bf16 shards.
+
+For every committed response (datasets/distill/<target>/shard-*.jsonl) the prompt is re-read from
+the prompt file by id and re-templated, the target runs once over prompt + response, and we store
+token ids, the loss mask (assistant tokens only) and the last-layer *normed* hidden states for
+every position (the prompt too: a draft attends over it at inference), plus optional extra
+layers. Shards go under $SPECBENCH_CACHE/features/<target>/<plan hash>-<dtype>/ and are skipped
+when present, so extraction resumes after an interruption.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from harness.errors import SpecbenchError
+from harness.target import cache_root
+from harness.train.distill import decode_ids, read_prompts
+
+
+def feature_dir(target, distill_dir: Path) -> Path:
+    manifest = json.loads((distill_dir / "manifest.json").read_text())
+    dt = str(target.dtype).replace("torch.", "")
+    return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}"
+
+
+def _conversations(target, shard: Path, prompts: dict[str, dict]) -> list[tuple[list[int], int]]:
+    out = []
+    for line in shard.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["prompt_id"] not in prompts:
+            raise SpecbenchError(f"{shard}: prompt id {rec['prompt_id']} is not in the prompt file; wrong --prompts?")
+        prompt = target.encode_chat([{"role": "user", "content": prompts[rec["prompt_id"]]["prompt"]}])
+        out.append((prompt + decode_ids(rec["response"]), len(prompt)))
+    return out
+
+
+@torch.inference_mode()
+def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: int = 16,
+                     layers: list[int] | None = None, progress=None) -> Path:
+    """Extract every missing feature shard; returns the feature folder."""
+    if not (distill_dir / "manifest.json").exists():
+        raise SpecbenchError(f"{distill_dir} has no manifest.json: run `cli.py distill` first")
+    manifest = json.loads((distill_dir / "manifest.json").read_text())
+    if manifest.get("vocab_hash") != target.vocab_hash():
+        raise SpecbenchError(f"{distill_dir} was distilled with another tokenizer than target '{target.name}'")
+    out = feature_dir(target, distill_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = read_prompts(prompts_file)
+    shards = sorted(distill_dir.glob("shard-*.jsonl"))
+    todo = [s for s in shards if not (out / (s.stem + ".safetensors")).exists()]
+    task = progress.add_task("features", total=len(todo)) if progress else None
+    for shard in todo:
+        tensors = shard_tensors(target, _conversations(target, shard, prompts), batch_size, layers)
+        tmp = out / f".{shard.stem}.tmp"
+        save_file(tensors, str(tmp), metadata={"source": shard.name})
+        os.replace(tmp, out / (shard.stem + ".safetensors"))
+        if progress:
+            progress.advance(task)
+    return out
+
+
+@torch.inference_mode()
+def shard_tensors(target, convs: list[tuple[list[int], int]], batch_size: int = 16,
+                  layers: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """Features of (token ids, prompt length) conversations as one shard's tensors."""
+    order = sorted(range(len(convs)), key=lambda i: len(convs[i][0]))
+    hidden: list[torch.Tensor | None] = [None] * len(convs)
+    extra: dict[int, list] = {i: [None] * len(convs) for i in (layers or [])}
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        width = max(len(convs[i][0]) for i in idx)
+        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for r, i in enumerate(idx):  # right padding: positions stay 0..n-1
+            n = len(convs[i][0])
+            ids[r, :n] = torch.tensor(convs[i][0])
+            att[r, :n] = 1
+        res = target.backbone(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
+                              use_cache=False, output_hidden_states=bool(layers))
+        for r, i in enumerate(idx):
+            n = len(convs[i][0])
+            hidden[i] = res.last_hidden_state[r, :n].to(torch.bfloat16).cpu()
+            for layer in layers or []:
+                extra[layer][i] = res.hidden_states[layer][r, :n].to(torch.bfloat16).cpu()
+    lengths = torch.tensor([len(c[0]) for c in convs])
+    tensors = {
+        "input_ids": torch.tensor([t for c in convs for t in c[0]], dtype=torch.int32),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+        "prompt_len": torch.tensor([c[1] for c in convs], dtype=torch.long),
+        "hidden": torch.cat(hidden),
+    }
+    for layer, vals in extra.items():
+        tensors[f"layer_{layer}"] = torch.cat(vals)
+    return tensors
+
+
+def load_feature_shards(folder: Path) -> list[dict[str, torch.Tensor]]:
+    files = sorted(folder.glob("shard-*.safetensors"))
+    if not files:
+        raise SpecbenchError(f"no feature shards in {folder}: run `cli.py train` (it extracts them) or check --data")
+    return [load_file(str(f)) for f in files]

@@ -1,0 +1,76 @@
+"""Cross-entropy through the target's frozen LM head, chunked and exact, without storing logits.
+
+The 49k-vocab projection dominates draft training on a CPU. Autograd would keep every chunk's
+[n, V] logits alive until backward (or recompute them under checkpointing). Because the head is
+frozen, the gradient w.r.t. the draft's hidden state has a closed form,
+    dL/dh = (softmax(h W^T) - p_target) W / count,
+so each chunk computes its loss *and* that [n, H] gradient in the forward pass and keeps only the
+gradient: three matmuls per chunk (teacher logits, draft logits, gradient), memory bounded by the
+chunk, and nothing recomputed.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class _FrozenHeadCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pred, weight, target_hidden, labels, mask, chunk):
+        n = pred.shape[0]
+        count = mask.sum().clamp_min(1.0)
+        grad = torch.zeros_like(pred, dtype=torch.float32)
+        total = pred.new_zeros((), dtype=torch.float32)
+        correct = pred.new_zeros((), dtype=torch.float32)
+        w = weight.detach()
+        for s in range(0, n, chunk):
+            m = mask[s : s + chunk].float()
+            if not bool(m.any()):
+                continue
+            z = (pred[s : s + chunk].detach().to(w.dtype) @ w.T).float()
+            logq = z.log_softmax(-1)
+            if labels is not None:
+                tgt = labels[s : s + chunk]
+                p = torch.zeros_like(z).scatter_(-1, tgt.clamp_min(0)[:, None], 1.0)
+                t_arg = tgt
+            else:
+                zt = (target_hidden[s : s + chunk].to(w.dtype) @ w.T).float()
+                p = zt.softmax(-1)
+                t_arg = zt.argmax(-1)
+            total += -((p * logq).sum(-1) * m).sum()
+            correct += ((z.argmax(-1) == t_arg).float() * m).sum()
+            g = (logq.exp() - p) * m[:, None]
+            grad[s : s + chunk] = (g.to(w.dtype) @ w).float()
+        ctx.save_for_backward(grad / count)
+        ctx.pred_dtype = pred.dtype
+        return total / count, correct / count
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_acc):
+        (grad,) = ctx.saved_tensors
+        return (grad * grad_loss).to(ctx.pred_dtype), None, None, None, None, None
+
+
+def frozen_head_ce(pred: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, *,
+                   target_hidden: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                   chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean CE over rows where mask is set, of logits pred @ weight^T against either the soft
+    targets softmax(target_hidden @ weight^T) (teacher distillation) or hard `labels`.
+
+    pred: [N, H] (any leading dims are flattened); weight: [V, H] frozen; mask: [N].
+    Returns (loss, top-1 agreement with the teacher's argmax / the label), both scalars.
+    """
+    h = pred.shape[-1]
+    pred = pred.reshape(-1, h)
+    mask = mask.reshape(-1).float()
+    if target_hidden is not None:
+        target_hidden = target_hidden.reshape(-1, h).detach()
+    if labels is not None:
+        labels = labels.reshape(-1)
+    return _FrozenHeadCE.apply(pred, weight, target_hidden, labels, mask, chunk)
+
+
+def masked_smooth_l1(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Huber (beta 1) averaged over the hidden size, then over masked positions (EAGLE's V loss)."""
+    per = torch.nn.functional.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)
+    m = mask.float()
+    return (per * m).sum() / m.sum().clamp_min(1.0)

@@ -1,0 +1,197 @@
+"""One trainer for every method: a method supplies only `loss(batch)`.
+
+The trainer owns data order, AdamW, warm-up + cosine schedule, gradient clipping, uniform input
+feature noise (as EAGLE), bf16 autocast where the CPU has AMX/AVX512-BF16 (or on GPU), periodic
+checkpoints and exact resume (the batch order is a function of seed and epoch, so a resumed run
+sees the same batches as an uninterrupted one), held-out evaluation and a progress bar.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from harness.train.data import FeatureDataset, batches
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1500               # the same optimiser-step budget for every method by default
+    lr: float = 1e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    tokens_per_batch: int = 4096
+    max_len: int = 1024
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 0.5          # clip by value, as the EAGLE/Gumiho recipes do
+    noise: float = 0.2              # uniform (U - 0.5) * noise * 512 / L on input features (EAGLE)
+    autocast: str = "auto"          # auto | bf16 | off
+    save_every: int = 100
+    eval_every: int = 250
+    eval_batches: int = 8
+    seed: int = 0
+
+
+def _use_bf16(mode: str, device: torch.device) -> bool:
+    if mode == "off":
+        return False
+    if mode == "bf16" or device.type == "cuda":
+        return True
+    from harness.results import has_fast_bf16
+
+    return has_fast_bf16()
+
+
+class Trainer:
+    def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
+                 console: Console | None = None) -> None:
+        self.drafter = drafter
+        self.data = data
+        self.cfg = cfg
+        self.out = Path(out)
+        self.console = console or Console(stderr=True)
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
+        self.device = drafter.target.device
+        self.bf16 = _use_bf16(cfg.autocast, self.device)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.seconds = 0.0
+        self._rng = torch.get_rng_state()  # RNG as of the start of the next step: resume is exact
+
+    def _lr_factor(self, step: int) -> float:
+        if step < self.cfg.warmup:
+            return (step + 1) / self.cfg.warmup
+        t = (step - self.cfg.warmup) / max(1, self.cfg.steps - self.cfg.warmup)
+        return self.cfg.min_lr_ratio + (1 - self.cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state_path(self) -> Path:
+        return self.out / "trainer_state.pt"
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        state = {"model": {k: v for k, v in self.drafter.state_dict().items() if not k.startswith("target.")},
+                 "opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step,
+                 "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seconds": self.seconds,
+                 "cfg": asdict(self.cfg), "rng": self._rng}
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.state_path)
+        self.drafter.save_pretrained(self.out, training=self.summary())
+
+    def try_resume(self) -> bool:
+        if not self.state_path.exists():
+            return False
+        state = torch.load(self.state_path, weights_only=False)
+        self.drafter.load_state_dict(state["model"], strict=False)
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.batch_in_epoch, self.seconds = state["batch_in_epoch"], state["seconds"]
+        torch.set_rng_state(state["rng"])
+        self._rng = state["rng"]
+        self.console.print(f"resuming {self.out} at step {self.step}/{self.cfg.steps}")
+        return True
+
+    def summary(self) -> dict:
+        return {"steps": self.step, "target_steps": self.cfg.steps, "seconds": round(self.seconds, 1),
+                "train_tokens": self.data.train_tokens, "config": asdict(self.cfg), "bf16_autocast": self.bf16}
+
+    # ------------------------------------------------------------------ loop
+    def _noised(self, batch):
+        if self.cfg.noise > 0 and getattr(self.drafter, "input_noise", True):
+            length = batch.features.shape[1]
+            noise = (torch.rand_like(batch.features) - 0.5) * self.cfg.noise * 512 / length
+            batch.features = batch.features + noise
+        return batch
+
+    def _to(self, batch):
+        for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask"):
+            setattr(batch, name, getattr(batch, name).to(self.device))
+        return batch
+
+    def _loss(self, batch) -> dict[str, torch.Tensor]:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self.drafter.loss(batch)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.drafter.eval()
+        sums: dict[str, float] = {}
+        n = 0
+        for i, batch in enumerate(batches(self.data.valid, self.cfg.tokens_per_batch, self.cfg.max_len, 12345, 0)):
+            if i >= self.cfg.eval_batches:
+                break
+            out = self._loss(self._to(batch))
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
+        self.drafter.train()
+        return {f"val_{k}": v / max(1, n) for k, v in sums.items()}
+
+    def _log(self, row: dict) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with (self.out / "train_log.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def train(self) -> dict:
+        self.try_resume()
+        self.drafter.train()
+        cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[losses]}")]
+        try:
+            with Progress(*cols, console=self.console) as progress:
+                task = progress.add_task(f"train {self.drafter.name}", total=self.cfg.steps, completed=self.step,
+                                         losses="")
+                while self.step < self.cfg.steps:
+                    for i, batch in enumerate(batches(self.data.train, self.cfg.tokens_per_batch, self.cfg.max_len,
+                                                      self.cfg.seed, self.epoch)):
+                        if i < self.batch_in_epoch:
+                            continue  # resumed mid-epoch: these batches were already used
+                        if self.step >= self.cfg.steps:
+                            break
+                        self._rng = torch.get_rng_state()
+                        t0 = time.perf_counter()
+                        out = self._loss(self._to(self._noised(batch)))
+                        self.opt.zero_grad(set_to_none=True)
+                        out["loss"].backward()
+                        torch.nn.utils.clip_grad_value_(self.params, self.cfg.grad_clip)
+                        self.opt.step()
+                        self.sched.step()
+                        self.step += 1
+                        self.batch_in_epoch = i + 1
+                        self.seconds += time.perf_counter() - t0
+                        self._rng = torch.get_rng_state()
+                        shown = {k: round(float(v), 4) for k, v in out.items()}
+                        progress.update(task, completed=self.step,
+                                        losses=" ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+                        row = {"step": self.step, "epoch": self.epoch, "lr": self.sched.get_last_lr()[0],
+                               "tokens": batch.tokens, "seconds": round(self.seconds, 2), **shown}
+                        if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
+                            row.update(self.evaluate())
+                        self._log(row)
+                        if self.step % self.cfg.save_every == 0:
+                            self.save()
+                    else:
+                        self.epoch += 1
+                        self.batch_in_epoch = 0
+                        if not self.data.train:
+                            raise RuntimeError("no training sequences")
+        except KeyboardInterrupt:
+            self.save()
+            self.console.print(f"[yellow]interrupted[/]: saved step {self.step}; rerun the same command to resume")
+            raise
+        final = self.evaluate()
+        self.save()
+        return {**self.summary(), **final}

@@ -1,0 +1,185 @@
+"""Hydra++ ("prefix-mlp"): sequentially dependent heads over a one-layer prefix attention.
+
+A prefix layer (one decoder layer of the target's architecture + final norm, with its own KV
+cache) runs over the target's features f and gives z_t. Head i sees [z_t, emb(x_{t+1}), ...,
+emb(x_{t+i+1})] (the path so far, root included) and guesses x_{t+i+2}: a ResBlock_in
+(R x + SiLU(W x + b), W zero-initialised) then `layers - 1` ResBlocks, then a vocab projection
+(own, initialised from the target LM head, as released; or the frozen target head with
+`share_lm_head=true`, the CPU reference). Trained with the teacher (soft-target) loss against the
+target's own next-token distribution. The official code builds the later ResBlocks by list
+multiplication (one shared block); ours are distinct, and the official loader copies the shared
+tensor into each block.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.draft_layers import DecoderStack
+from harness.train.losses import frozen_head_ce
+from harness.tree import DraftTree, StaticTree
+from methods.base import LearnedDrafter
+from methods.medusa import ResBlock
+
+
+class ResBlockIn(nn.Module):
+    """R x + SiLU(W x + b): a ResBlock whose input is wider than its output."""
+
+    def __init__(self, d_in: int, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d_in, hidden)
+        nn.init.zeros_(self.linear.weight)
+        self.res_connection = nn.Linear(d_in, hidden, bias=False)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res_connection(x) + self.act(self.linear(x))
+
+
+class HydraHead(nn.Module):
+    def __init__(self, index: int, hidden: int, vocab: int, layers: int, share_lm_head: bool, dropout: float) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = [nn.Dropout(dropout), ResBlockIn(hidden * (index + 2), hidden)]
+        for _ in range(layers - 1):
+            blocks += [nn.Dropout(dropout), ResBlock(hidden)]
+        blocks.append(nn.Dropout(dropout))
+        self.body = nn.Sequential(*blocks)
+        self.proj = None if share_lm_head else nn.Linear(hidden, vocab, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class Hydra(LearnedDrafter):
+    """Hydra++: prefix attention + sequentially dependent heads, static tree of rank paths."""
+
+    name = "hydra"
+    defaults: dict[str, Any] = {
+        "heads": 4,
+        "layers": 4,
+        "share_lm_head": True,
+        "dropout": 0.2,
+        "tree": "cpu_15",  # as Medusa's default; `--set tree=mc_sim_7b_63` for the official tree
+    }
+    arch_keys = ("heads", "layers", "share_lm_head")
+    default_lr = 5e-4
+    input_noise = False
+
+    def __init__(self, target, config: dict[str, Any] | None = None) -> None:
+        super().__init__(target, config)
+        h, v = target.hidden_size, target.vocab_size
+        self.prefix = DecoderStack(target.config, 1, first_input_norm=True, final_norm=True)
+        self.hydra_head = nn.ModuleList(
+            HydraHead(i, h, v, self.config["layers"], self.config["share_lm_head"], self.config["dropout"])
+            for i in range(self.config["heads"]))
+        if not self.config["share_lm_head"]:
+            for head in self.hydra_head:
+                head.proj.weight.data.copy_(target.lm_head.weight.data.float())
+                nn.init.zeros_(head.proj.bias)
+        self.tree = StaticTree.named(self.config["tree"])
+        if self.tree.max_depth > self.config["heads"]:
+            self.tree = self.tree.truncated(self.config["heads"])
+        self.to(device=target.device)
+        self._cache = None
+        self._z: torch.Tensor | None = None
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.hydra_head[0].body[1].linear.weight.dtype
+
+    def _logits(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        head = self.hydra_head[i]
+        if head.proj is None:
+            return self.target.project(h.to(self.target.dtype))
+        return head.proj(h)
+
+    def _emb(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.target.embed(ids).to(self._dtype)
+
+    # ---- decoding -------------------------------------------------------------------------
+    def _prefix_step(self, feats: torch.Tensor) -> None:
+        start = self._cache.length
+        pos = torch.arange(start, start + feats.shape[0], device=feats.device)[None]
+        z = self.prefix(feats.to(self._dtype)[None], pos, self._cache)
+        self._z = z[0, -1]
+
+    @torch.inference_mode()
+    def begin(self, prompt, prefill, root: int) -> None:
+        self._cache = self.prefix.new_cache(capacity=prefill.hidden.shape[0] + 1024)
+        self._prefix_step(prefill.hidden)
+
+    @torch.inference_mode()
+    def observe(self, step) -> None:
+        self._prefix_step(step.hidden)
+
+    @torch.inference_mode()
+    def propose(self, ctx) -> DraftTree:
+        tree = self.tree
+        depth = min(tree.max_depth, ctx.max_nodes - 1)
+        if depth < 1:
+            return DraftTree.root_only(ctx.root)
+        # Path state of every kept node: [z, emb(root), emb(d1), ...]; children are ranked per path.
+        root_state = torch.cat([self._z, self._emb(torch.tensor([ctx.root], device=self._z.device))[0]])
+        states = {0: root_state}
+        tokens, parents = [ctx.root], [-1]
+        index = {0: 0}
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(tree.parents):
+            children.setdefault(p, []).append(i + 1)
+        frontier = [0]
+        for d in range(depth):
+            expand = [n for n in frontier if n in children]
+            if not expand:
+                break
+            x = torch.stack([states[n] for n in expand])
+            k = max(tree.ranks[c - 1] for n in expand for c in children[n]) + 1
+            top = self._logits(d, self.hydra_head[d](x)).topk(k, dim=-1).indices.tolist()
+            nxt = []
+            for row, n in enumerate(expand):
+                for c in children[n]:
+                    tok = top[row][tree.ranks[c - 1]]
+                    index[c] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(index[n])
+                    if c in children and d + 1 < depth:
+                        states[c] = torch.cat([states[n], self._emb(torch.tensor([tok], device=x.device))[0]])
+                        nxt.append(c)
+            frontier = nxt
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+
+    # ---- training -------------------------------------------------------------------------
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        """Teacher loss: head i at t, fed the true path tokens ids[t+1..t+i+1], is scored with soft
+        targets softmax(lm_head(f_{t+i+1})) — the target's distribution for x_{t+i+2}."""
+        f = batch.features
+        b, t, _ = f.shape
+        pos = torch.arange(t, device=f.device)[None].expand(b, t)
+        z = self.prefix(f, pos)
+        emb = self.target.embed(batch.input_ids).to(f.dtype)
+        valid = batch.loss_mask * batch.attention_mask
+        total = f.new_zeros(())
+        out: dict[str, torch.Tensor] = {}
+        for i in range(self.config["heads"]):
+            off = i + 2
+            if t <= off:
+                break
+            n = t - off
+            x = torch.cat([z[:, :n]] + [emb[:, 1 + j : 1 + j + n] for j in range(i + 1)], dim=-1)
+            hidden = self.hydra_head[i](x)
+            teacher = batch.target_features[:, i + 1 : i + 1 + n]
+            mask = valid[:, off:]
+            if self.hydra_head[i].proj is None:
+                ce, acc = frozen_head_ce(hidden, self.target.lm_head.weight, mask, target_hidden=teacher)
+            else:
+                logq = self.hydra_head[i].proj(hidden).float().log_softmax(-1)
+                p = self.target.project(teacher.to(self.target.dtype)).float().softmax(-1)
+                per = -(p * logq).sum(-1)
+                ce = (per * mask).sum() / mask.sum().clamp_min(1)
+                acc = ((logq.argmax(-1) == p.argmax(-1)).float() * mask).sum() / mask.sum().clamp_min(1)
+            total = total + ce
+            out[f"ce{i}"] = ce.detach()
+            out[f"acc{i}"] = acc.detach()
+        out["loss"] = total
+        return out

@@ -1,0 +1,116 @@
+"""EAGLE / EAGLE-2: tree invariants, exactness after brief training, official checkpoint layout."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.decode import DraftContext, GenerationConfig, generate
+from harness.verify import Sampling
+from methods.eagle import Eagle, EagleCore
+from methods.eagle2 import Eagle2
+from tests.train_helpers import tiny_dataset, tiny_prompts, train_quickly
+
+
+@pytest.fixture(scope="module")
+def trained_eagle(tiny_target, tmp_path_factory):
+    d = Eagle(tiny_target)
+    train_quickly(d, tiny_dataset(tiny_target), tmp_path_factory.mktemp("eagle"), steps=200)
+    path = tmp_path_factory.mktemp("eagle-ck")
+    d.save_pretrained(path)
+    return path
+
+
+def _begin(d, target, prompt):
+    from harness.kvcache import KVCache
+
+    cache = KVCache(target.num_layers)
+    pre = target.forward(torch.tensor(prompt), cache)
+    root = int(pre.logits[-1].argmax())
+    d.begin(torch.tensor(prompt), pre, root)
+    return DraftContext(prompt + [root], root, Sampling(), None, 100)
+
+
+def test_eagle2_tree_invariants_at_official_settings(tiny_target):
+    d = Eagle2(tiny_target, {"top_k": 10, "depth": 5, "total_tokens": 60})
+    d.eval()
+    ctx = _begin(d, tiny_target, [1, 2, 3, 4, 5])
+    tree = d.propose(ctx)
+    assert d.last_pool_size == 10 + 5 * 100
+    assert tree.size <= 59 and tree.size >= 55  # 59 unless score ties orphan a node
+    m = tree.ancestor_mask
+    assert torch.equal(m, m.tril()) and m[:, 0].all()
+    assert torch.equal(m.sum(1) - 1, tree.depths)
+    assert int(tree.depths.max()) <= 6
+    for path in tree.paths():
+        assert all(tree.parent_list[b] == a for a, b in zip(path, path[1:]))
+
+
+def test_eagle1_static_tree_shape(tiny_target):
+    d = Eagle(tiny_target)
+    ctx = _begin(d, tiny_target, [7, 8, 9])
+    tree = d.propose(ctx)
+    assert tree.size == 25
+    assert [int((tree.depths == k).sum()) for k in range(1, 6)] == [4, 8, 8, 3, 2]
+
+
+@pytest.mark.parametrize("cls", [Eagle, Eagle2])
+def test_greedy_equals_ar_after_brief_training(tiny_target, trained_eagle, cls):
+    d = cls.from_pretrained(trained_eagle, tiny_target)
+    d.eval()
+    shares = []
+    for p in tiny_prompts(tiny_target.vocab_size, 12, seed=97):
+        ar = generate(tiny_target, p, GenerationConfig(40))
+        sp = generate(tiny_target, p, GenerationConfig(40), d)
+        assert sp.output_ids == ar.output_ids
+        shares += [a > 0 for a in sp.accepted]
+    assert sum(shares) / len(shares) >= 0.3, sum(shares) / len(shares)
+
+
+def _official_state(h=64, v=96, i=128, nh=4, nkv=2, bias=True, emb=True):
+    hd = h // nh
+    st = {"fc.weight": torch.randn(h, 2 * h),
+          "layers.0.self_attn.q_proj.weight": torch.randn(nh * hd, h),
+          "layers.0.self_attn.k_proj.weight": torch.randn(nkv * hd, h),
+          "layers.0.self_attn.v_proj.weight": torch.randn(nkv * hd, h),
+          "layers.0.self_attn.o_proj.weight": torch.randn(h, nh * hd),
+          "layers.0.mlp.gate_proj.weight": torch.randn(i, h),
+          "layers.0.mlp.up_proj.weight": torch.randn(i, h),
+          "layers.0.mlp.down_proj.weight": torch.randn(h, i),
+          "layers.0.post_attention_layernorm.weight": torch.randn(h)}
+    if bias:
+        st["fc.bias"] = torch.randn(h)
+    if emb:
+        st["embed_tokens.weight"] = torch.randn(v, h)
+    return st
+
+
+@pytest.mark.parametrize("bias,emb", [(True, True), (False, False)])
+def test_official_layout_loads(tiny_target, tmp_path, bias, emb):
+    st = _official_state(bias=bias, emb=emb)
+    torch.save(st, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 1}')
+    d = Eagle.from_pretrained(tmp_path, tiny_target)
+    assert torch.equal(d.fc.weight, st["fc.weight"])
+    assert torch.equal(d.stack.layers[0].mlp.down_proj.weight, st["layers.0.mlp.down_proj.weight"])
+    assert (d.fc.bias is not None) == bias
+    del st["layers.0.mlp.up_proj.weight"]
+    torch.save(st, tmp_path / "pytorch_model.bin")
+    with pytest.raises(Exception, match="do not fit"):
+        Eagle.from_pretrained(tmp_path, tiny_target)
+
+
+def test_vicuna7b_sizes_on_meta_device():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                      num_key_value_heads=32, num_hidden_layers=32)
+    with torch.device("meta"):
+        fake = SimpleNamespace(config=cfg, hidden_size=4096, vocab_size=32000, device=torch.device("meta"),
+                               name="vicuna-7b", dtype=torch.float16)
+        d = EagleCore.__new__(Eagle)
+        EagleCore.__init__(d, fake)
+    keys = set(d.state_dict())
+    assert len(keys) + 1 == 11  # + the embedding copy the released files carry
+    assert d.num_parameters() == 235_937_792

@@ -1,0 +1,101 @@
+"""Hydra: teacher-loss offsets, exactness after brief training; the trainer resumes exactly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.decode import GenerationConfig, generate
+from harness.train.data import DistillBatch
+from harness.train.losses import frozen_head_ce
+from harness.train.trainer import TrainConfig, Trainer
+from methods.hydra import Hydra
+from methods.medusa import Medusa
+from tests.train_helpers import tiny_dataset, tiny_prompts, train_quickly
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_target):
+    return tiny_dataset(tiny_target)
+
+
+def test_frozen_head_ce_matches_autograd():
+    torch.manual_seed(0)
+    w = torch.randn(50, 8)
+    pred = torch.randn(13, 8, requires_grad=True)
+    teacher = torch.randn(13, 8)
+    mask = (torch.rand(13) > 0.3).float()
+    loss, _ = frozen_head_ce(pred, w, mask, target_hidden=teacher, chunk=4)
+    loss.backward()
+    ref_pred = pred.detach().clone().requires_grad_(True)
+    per = -((teacher @ w.T).softmax(-1) * (ref_pred @ w.T).log_softmax(-1)).sum(-1)
+    ref = (per * mask).sum() / mask.sum()
+    ref.backward()
+    assert torch.allclose(loss, ref, atol=1e-5)
+    assert torch.allclose(pred.grad, ref_pred.grad, atol=1e-5)
+
+
+def test_hydra_loss_offsets(tiny_target):
+    d = Hydra(tiny_target, {"heads": 2, "layers": 1, "dropout": 0.0})
+    T, H = 7, tiny_target.hidden_size
+    feats = torch.randn(1, T, H)
+    ids = torch.arange(T)[None] + 5
+    out = d.loss(DistillBatch(ids, feats, feats, torch.ones(1, T), torch.ones(1, T)))
+    z = d.prefix(feats, torch.arange(T)[None])
+    emb = tiny_target.embed(ids)
+    ref = 0.0
+    for i in range(2):
+        n = T - 2 - i
+        # head i at t sees [z_t, emb(x_{t+1}) .. emb(x_{t+i+1})] and is scored against lm_head(f_{t+i+1})
+        x = torch.cat([z[0, :n]] + [emb[0, 1 + j : 1 + j + n] for j in range(i + 1)], -1)
+        logq = tiny_target.project(d.hydra_head[i](x)).log_softmax(-1)
+        p = tiny_target.project(feats[0, i + 1 : i + 1 + n]).softmax(-1)
+        ref += (-(p * logq).sum(-1)).mean()
+    assert torch.allclose(out["loss"], ref, atol=1e-4)
+
+
+def test_greedy_hydra_equals_ar_after_brief_training(tiny_target, tiny_data, tmp_path):
+    d = Hydra(tiny_target, {"heads": 3, "layers": 2})
+    train_quickly(d, tiny_data, tmp_path / "hydra", steps=150)
+    d.save_pretrained(tmp_path / "ck")
+    d = Hydra.from_pretrained(tmp_path / "ck", tiny_target)
+    d.eval()
+    shares = []
+    for p in tiny_prompts(tiny_target.vocab_size, 12, seed=98):
+        ar = generate(tiny_target, p, GenerationConfig(40))
+        sp = generate(tiny_target, p, GenerationConfig(40), d)
+        assert sp.output_ids == ar.output_ids
+        shares += [a > 0 for a in sp.accepted]
+    assert sum(shares) / len(shares) >= 0.3, sum(shares) / len(shares)
+
+
+def test_interrupted_training_resumes_exactly(tiny_target, tiny_data, tmp_path, monkeypatch):
+    def cfg():
+        return TrainConfig(steps=12, lr=3e-3, warmup=2, tokens_per_batch=512, max_len=64, save_every=4,
+                           eval_every=100, autocast="off")
+
+    torch.manual_seed(1)
+    ref = Medusa(tiny_target, {"heads": 2})
+    Trainer(ref, tiny_data, cfg(), tmp_path / "ref").train()
+
+    torch.manual_seed(1)
+    d = Medusa(tiny_target, {"heads": 2})
+    real = Medusa.loss
+    calls = {"n": 0}
+
+    def interrupting(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 7:  # Ctrl-C during step 7
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(Medusa, "loss", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(d, tiny_data, cfg(), tmp_path / "run").train()
+    monkeypatch.setattr(Medusa, "loss", real)
+    torch.manual_seed(999)  # a fresh process: the RNG must come from the checkpoint
+    d2 = Medusa(tiny_target, {"heads": 2})
+    t2 = Trainer(d2, tiny_data, cfg(), tmp_path / "run")
+    assert t2.try_resume() and t2.step == 6
+    t2.train()
+    for (k, a), b in zip(ref.state_dict().items(), d2.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), k

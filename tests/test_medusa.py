@@ -1,0 +1,61 @@
+"""Medusa: loss offsets, static-tree buffers, exactness with briefly trained heads."""
+from __future__ import annotations
+
+import torch
+
+from harness.decode import GenerationConfig, generate
+from harness.train.data import DistillBatch
+from harness.tree import StaticTree
+from methods.medusa import Medusa, static_tree_proposal
+from tests.train_helpers import tiny_dataset, tiny_prompts, train_quickly
+
+
+def test_static_tree_buffers_for_a_small_choices_list():
+    tree = StaticTree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    assert tree.parents == [0, 0, 1, 1, 2, 3]
+    assert tree.depths == [1, 1, 2, 2, 2, 3] and tree.topk == 2
+    top = torch.tensor([[10, 11], [20, 21], [30, 31]])
+    dt = static_tree_proposal(5, tree, top, max_nodes=10)
+    assert dt.tokens.tolist() == [5, 10, 11, 20, 21, 20, 30]
+    assert dt.parent_list == [-1, 0, 0, 1, 1, 2, 3]
+    m = dt.ancestor_mask
+    assert torch.equal(m.sum(1) - 1, dt.depths) and m[:, 0].all() and torch.equal(m, m.tril())
+    assert dt.depths.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    # Room for only 2 new tokens: depth capped at 1.
+    assert static_tree_proposal(5, tree, top, max_nodes=2).size == 2
+
+
+def test_official_tree_shape():
+    t = StaticTree.named("mc_sim_7b_63")
+    assert len(t.nodes) == 63 and t.max_depth == 4
+    assert [t.depths.count(d) for d in (1, 2, 3, 4)] == [10, 28, 23, 2]
+
+
+def test_loss_scores_head_k_against_token_k_plus_2_ahead(tiny_target):
+    d = Medusa(tiny_target, {"heads": 2})
+    T, H = 8, tiny_target.hidden_size
+    feats = torch.randn(1, T, H)
+    ids = torch.arange(T)[None] + 3
+    batch = DistillBatch(ids, feats, feats, torch.ones(1, T), torch.ones(1, T))
+    out = d.loss(batch)
+    # Reference: head k at position t predicts ids[t + 2 + k].
+    ref = 0.0
+    for k in range(2):
+        logits = tiny_target.project(d.head_hidden(k, feats[0, : T - 2 - k])).float()
+        ref += torch.nn.functional.cross_entropy(logits, ids[0, 2 + k :])
+    assert torch.allclose(out["loss"], ref, atol=1e-4)
+
+
+def test_greedy_medusa_equals_ar_after_brief_training(tiny_target, tmp_path):
+    data = tiny_dataset(tiny_target)
+    d = Medusa(tiny_target, {"heads": 3, "tree": "cpu_15"})
+    train_quickly(d, data, tmp_path / "medusa", steps=150)
+    d.save_pretrained(tmp_path / "ck")
+    d = Medusa.from_pretrained(tmp_path / "ck", tiny_target)
+    shares = []
+    for p in tiny_prompts(tiny_target.vocab_size, 12, seed=99):
+        ar = generate(tiny_target, p, GenerationConfig(40))
+        sp = generate(tiny_target, p, GenerationConfig(40), d)
+        assert sp.output_ids == ar.output_ids
+        shares += [a > 0 for a in sp.accepted]
+    assert sum(shares) / len(shares) >= 0.3, sum(shares) / len(shares)

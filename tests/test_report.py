@@ -1,0 +1,458 @@
+"""Tables, plots, bootstrap intervals and rebuild equality on synthetic run folders (no model)."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from harness import report
+from harness.errors import SpecbenchError
+from harness.metrics import summarize
+from harness.results import RunDir, config_hash, record_key
+
+ACCEPT = {"pld": 0.35, "eagle": 0.7, "medusa": 0.55}
+PARAMS = {"pld": 0, "eagle": 1_234_567, "medusa": 456_000}
+
+
+def synth_records(methods=("pld", "eagle"), benchmarks=("mt_bench", "gsm8k"), temperatures=(0.0,),
+                  questions=4, typical=False, seed=0, variants=None):
+    """AR and methods on the same prompts; acceptance drawn per step from a per-method rate.
+
+    `variants` ({label: (method, config)}) replaces `methods` for ablation-like folders.
+    """
+    rng = random.Random(seed)
+    slots = [("ar", "ar", {})]
+    if variants:
+        slots += [(label, m, cfg) for label, (m, cfg) in variants.items()]
+    else:
+        slots += [(m, m, {"name": m}) for m in methods]
+    out = []
+    for t in temperatures:
+        rules = ["greedy"] if t == 0 else ["lossless"] + (["typical"] if typical else [])
+        for b in benchmarks:
+            for q in range(questions):
+                for label, method, cfg in slots:
+                    for rule in (["none"] if method == "ar" else rules):
+                        rate = ACCEPT.get(method, 0.5) + (0.1 if rule == "typical" else 0.0)
+                        rate += 0.02 * cfg.get("max_draft", 0)
+                        n_new, tokens, accepted, tree, draft, verify = 40, [], [], [], [], []
+                        while sum(tokens) < n_new - 1:
+                            size = 0 if method == "ar" else 6
+                            a = 0
+                            while a < size and rng.random() < rate:
+                                a += 1
+                            a = min(a, n_new - 1 - sum(tokens) - 1)
+                            tokens.append(a + 1)
+                            accepted.append(a)
+                            tree.append(size)
+                            draft.append(0.0 if method == "ar" else round(1 + rng.random(), 3))
+                            verify.append(round(20 + size + rng.random() * 4, 3))
+                        wall = 0.05 + (sum(draft) + sum(verify)) / 1000 + 0.001 * len(tokens)
+                        chash = config_hash({"method": method, "config": cfg})
+                        rec = {
+                            "method": method, "method_config": cfg, "config_hash": chash,
+                            "checkpoint_hash": None if method in ("ar", "pld") else f"ck-{method}",
+                            "target": "tiny", "dtype": "float32", "device": "cpu", "benchmark": b,
+                            "question_id": 100 + q, "category": "c", "turn": 0, "temperature": t, "top_p": 1.0,
+                            "acceptance": rule, "seed": 7 + q, "prompt_tokens": 30 + q, "new_tokens": n_new,
+                            "output_ids": list(range(n_new)), "stop_reason": "length", "wall_s": round(wall, 6),
+                            "prefill_s": 0.05, "first_token_from_prefill": True,
+                            "steps": {"tree_size": tree, "accepted": accepted, "tokens": tokens,
+                                      "draft_ms": draft, "verify_ms": verify},
+                        }
+                        rec["key"] = record_key(rec)
+                        out.append((label, rec))
+    return out
+
+
+def write_run(path: Path, methods=("pld", "eagle"), benchmarks=("mt_bench", "gsm8k"), temperatures=(0.0,),
+              questions=4, typical=False, seed=0, variants=None, ablation=None, max_new_tokens=40,
+              cpu_flags=None) -> Path:
+    labelled = synth_records(methods, benchmarks, temperatures, questions, typical, seed, variants)
+    resolved = {}
+    for label, rec in labelled:
+        resolved.setdefault(label, {"config": rec["method_config"], "config_hash": rec["config_hash"],
+                                    "checkpoint_hash": rec["checkpoint_hash"],
+                                    "parameters": PARAMS.get(rec["method"], 0)})
+    config = {"command": "compare", "methods": list(methods), "benchmarks": list(benchmarks),
+              "temperatures": list(temperatures), "target": "tiny", "dtype": "float32", "device": "cpu",
+              "limit": questions, "max_new_tokens": max_new_tokens, "top_p": 1.0, "seed": 0,
+              "methods_resolved": resolved}
+    if ablation:
+        config["ablation"] = ablation
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {"config": config, "config_hash": config_hash(config), "commit": "abc123", "dirty": False,
+            "date": "2026-01-01T00:00:00+00:00",
+            "cpu_flags": cpu_flags or {"avx2": True, "avx512f": True, "avx512_bf16": False, "amx_bf16": False,
+                                       "amx_tile": False},
+            "gpu": None, "official_prompts": {b: True for b in benchmarks}}
+    (path / "meta.json").write_text(json.dumps(meta, indent=2))
+    rd = RunDir(path)
+    for _, rec in labelled:
+        rd.append(rec)
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return write_run(tmp_path / "run", methods=("pld", "eagle", "medusa"), temperatures=(0.0, 1.0), typical=True)
+
+
+# ----------------------------------------------------------------------------- numbers
+
+def test_point_estimates_equal_summary_csv(run_dir):
+    run = report.load_run(run_dir)
+    cells = report.main_cells(run)
+    summary = summarize(RunDir(run_dir).records())
+    for row, by_bench in cells.items():
+        for b in run.benchmarks:
+            s = summary[(summary.method == row.method) & (summary.benchmark == b)
+                        & (summary.temperature == row.temperature) & (summary.acceptance == row.acceptance)]
+            assert len(s) == 1
+            assert by_bench[b].tau == pytest.approx(float(s.tau.iloc[0]), rel=1e-12)
+            assert by_bench[b].speedup == pytest.approx(float(s.speedup.iloc[0]), rel=1e-12)
+        mean = by_bench[report.MEAN]
+        assert mean.tau == pytest.approx(np.mean([by_bench[b].tau for b in run.benchmarks]))
+
+
+def test_bootstrap_interval_is_deterministic_and_covers_the_estimate(run_dir):
+    a = report.main_frame(report.load_run(run_dir))
+    b = report.main_frame(report.load_run(run_dir))
+    assert a.equals(b)
+    assert (a.tau_lo <= a.tau + 1e-9).all() and (a.tau <= a.tau_hi + 1e-9).all()
+    assert (a.speedup_lo <= a.speedup + 1e-9).all() and (a.speedup <= a.speedup_hi + 1e-9).all()
+    assert (a.tau_hi > a.tau_lo).all()
+
+
+def test_bootstrap_on_identical_answers_collapses():
+    rec = {"method": "pld", "benchmark": "b", "question_id": 1, "turn": 0, "temperature": 0.0, "top_p": 1.0,
+           "seed": 0, "new_tokens": 10, "wall_s": 1.0, "steps": {"tokens": [2, 2, 2], "accepted": [1, 1, 1]}}
+    ar = {**rec, "method": "ar", "wall_s": 2.0, "steps": {"tokens": [1] * 9}}
+    recs = [dict(rec, question_id=i) for i in range(5)]
+    ars = {report._prompt_key(dict(ar, question_id=i)): [dict(ar, question_id=i)] for i in range(5)}
+    cell = report.cell_stats(recs, ars, ("x",))
+    assert cell.tau == 2.0 and cell.tau_ci == (2.0, 2.0)
+    assert cell.speedup == 2.0 and cell.speedup_ci == pytest.approx((2.0, 2.0))
+
+
+def test_bootstrap_interval_narrows_with_more_answers(tmp_path):
+    small = report.main_frame(report.load_run(write_run(tmp_path / "s", questions=4)))
+    large = report.main_frame(report.load_run(write_run(tmp_path / "l", questions=40)))
+    w = lambda f: float((f.tau_hi - f.tau_lo).mean())  # noqa: E731
+    assert w(large) < w(small)
+
+
+def test_cost_and_depth_tables(run_dir):
+    run = report.load_run(run_dir)
+    cost = report.cost_frame(run)
+    ar = cost[cost.method == "ar"].iloc[0]
+    assert ar.tau == 1.0 and ar.tree_size == 0 and ar.draft_parameters == 0
+    eagle = cost[(cost.method == "eagle") & (cost.temperature == 0)].iloc[0]
+    assert eagle.draft_parameters == PARAMS["eagle"] and eagle.tree_size == 6
+    # other = wall - prefill - draft - verify: the synthetic records add 1 ms per step.
+    assert eagle.other_ms_per_step == pytest.approx(1.0, abs=1e-3)
+    depth = report.depth_frame(run)
+    d = depth[(depth.method == "eagle") & (depth.temperature == 0)].iloc[0]
+    assert 1 >= d.d1 >= d.d2 >= d.d3 > 0
+    assert "ar" not in set(depth.method)
+
+
+# ----------------------------------------------------------------------------- files
+
+def test_tables_layout(run_dir):
+    report.write_tables(run_dir)
+    md = (run_dir / "tables" / "main.md").read_text()
+    assert "**Temperature 0 (greedy)**" in md and "**Temperature 1 (lossless, typical)**" in md
+    assert "| Method | MT-Bench Speedup | MT-Bench τ | GSM8K Speedup | GSM8K τ | Mean Speedup | Mean τ |" in md
+    assert "eagle (typical, lossy)" in md and "[" not in md.split("\n\n")[1]  # no CI without --ci
+    tex = (run_dir / "tables" / "main.tex").read_text()
+    assert "\\toprule" in tex and "\\multicolumn{2}{c}{MT-Bench}" in tex and "\\textbf{" in tex
+    # Lossy rows are labelled and never bold.
+    lossy = [line for line in tex.splitlines() if "lossy" in line]
+    assert lossy and not any("textbf" in line for line in lossy)
+    for kind in ("cost", "depth"):
+        text = (run_dir / "tables" / f"{kind}.md").read_text()
+        assert "eagle (typical, lossy)" in text
+    csv = (run_dir / "tables" / "main.csv").read_text().splitlines()
+    assert csv[0].startswith("temperature,method,variant,acceptance,lossy,config_hash,benchmark,answers,speedup,"
+                             "speedup_lo,speedup_hi,tau,tau_lo,tau_hi")
+    report.write_tables(run_dir, ci=True)
+    assert "Brackets: 95% bootstrap interval" in (run_dir / "tables" / "main.md").read_text()
+
+
+def test_best_is_bold_in_markdown(tmp_path):
+    run_dir = write_run(tmp_path / "r", methods=("pld", "eagle"))
+    report.write_tables(run_dir)
+    md = (run_dir / "tables" / "main.md").read_text()
+    eagle = next(line for line in md.splitlines() if line.startswith("| eagle"))
+    pld = next(line for line in md.splitlines() if line.startswith("| pld"))
+    assert eagle.count("**") == 12 and "**" not in pld  # eagle accepts more on every benchmark
+
+
+def test_plots_written(run_dir):
+    paths = report.write_plots(run_dir)
+    names = sorted(p.name for p in paths)
+    for stem in ("depth", "speedup", "tau", "time"):
+        assert f"{stem}.png" in names and f"{stem}.svg" in names
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_rebuild_by_cli_equals_compare_output(run_dir, tmp_path):
+    """What `compare` writes after its grid (harness.compare.write_outputs) equals `table` + `plot`."""
+    from cli import app
+    from harness.compare import write_outputs
+
+    write_outputs(run_dir, ci=True)
+    first = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.parent.name in ("tables", "plots")}
+    assert len(first) >= 9 + 8
+    shutil.rmtree(run_dir / "tables")
+    shutil.rmtree(run_dir / "plots")
+    cli = CliRunner()
+    assert cli.invoke(app, ["table", str(run_dir), "--ci"]).exit_code == 0
+    assert cli.invoke(app, ["plot", str(run_dir)]).exit_code == 0
+    again = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.parent.name in ("tables", "plots")}
+    assert again.keys() == first.keys()
+    for name in first:
+        assert again[name] == first[name], name
+
+
+def test_table_of_a_folder_without_records_is_one_line(tmp_path):
+    from cli import app
+
+    res = CliRunner().invoke(app, ["table", str(tmp_path)])
+    assert res.exit_code == 2 and "no records.jsonl" in res.output
+    with pytest.raises(SpecbenchError, match="AR records only"):
+        report.write_tables(write_run(tmp_path / "ar", methods=()))
+
+
+def test_fixed_colours():
+    assert report.method_color("pld") == report.METHOD_COLORS["pld"]
+    assert report.method_color("newthing") == report.method_color("newthing")
+    assert report.method_color("newthing") in report.EXTRA_COLORS
+
+
+def test_ablation_folder_tables_and_plot(tmp_path):
+    variants = {"default": ("pld", {"max_draft": 10, "adaptive": True}),
+                "max_draft=5": ("pld", {"max_draft": 5, "adaptive": True}),
+                "max_draft=2": ("pld", {"max_draft": 2, "adaptive": True}),
+                "adaptive=false": ("pld", {"max_draft": 10, "adaptive": False})}
+    ablation = {"method": "pld", "sweep": {"max_draft": [5, 2], "adaptive": [False]}, "grid": False,
+                "base_config": {"max_draft": 10, "adaptive": True},
+                "variants": {k: {kk: vv for kk, vv in cfg.items() if vv != {"max_draft": 10, "adaptive": True}[kk]}
+                             for k, (_, cfg) in variants.items()}}
+    run_dir = write_run(tmp_path / "ab", variants=variants, ablation=ablation)
+    paths = report.write_report(run_dir)
+    names = {p.name for p in paths}
+    assert {"ablation.md", "ablation.tex", "ablation.csv", "ablation.png", "ablation.svg"} <= names
+    md = (run_dir / "tables" / "ablation.md").read_text()
+    assert "| Variant |" in md
+    rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ") and "Variant" not in line]
+    assert rows == ["| default", "| max_draft=5", "| max_draft=2", "| adaptive=false"]
+    frame = report.main_frame(report.load_run(run_dir))
+    tau = frame[frame.benchmark == "mean"].set_index("variant").tau
+    assert tau["default"] > tau["max_draft=2"]  # the synthetic rate grows with max_draft
+
+
+def test_rows_of_one_method_under_two_unlabelled_configs_stay_apart(tmp_path):
+    run_dir = write_run(tmp_path / "r", variants={"a": ("pld", {"max_draft": 1}), "b": ("pld", {"max_draft": 9})})
+    meta = json.loads((run_dir / "meta.json").read_text())
+    del meta["config"]["methods_resolved"]
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    run = report.load_run(run_dir)
+    assert len(run.rows) == 2 and len({r.name for r in run.rows}) == 2
+    assert all(r.name.startswith("pld [") for r in run.rows)
+    assert not any(math.isnan(v) for v in report.main_frame(run).tau)
+
+
+# ----------------------------------------------------------------------------- compare / ablate
+
+def test_sweep_parsing_and_one_factor_at_a_time_variants():
+    from harness.compare import make_variants, parse_sweep, parse_values
+    from methods.pld import PromptLookupDrafter as P
+
+    assert parse_values("5,10") == [5, 10]
+    assert parse_values("true,false") == [True, False]
+    assert parse_values("off,paper,exact") == ["off", "paper", "exact"]
+    assert parse_values("[1,2],[3,4]") == [[1, 2], [3, 4]]
+    fixed, sweep = parse_sweep(["max_draft=2,5,10", "pld.adaptive=false,true", "max_ngram=2"], P)
+    assert fixed == {"max_ngram": 2} and sweep == {"max_draft": [2, 5, 10], "adaptive": [False, True]}
+    variants = make_variants(P, fixed, sweep)
+    # the base (defaults + fixed), then each other value; values equal to the base are dropped
+    assert variants == {"base": {"max_ngram": 2}, "max_draft=2": {"max_ngram": 2, "max_draft": 2},
+                        "max_draft=5": {"max_ngram": 2, "max_draft": 5},
+                        "adaptive=false": {"max_ngram": 2, "adaptive": False}}
+    grid = make_variants(P, {}, {"max_draft": [2, 10], "adaptive": [True, False]}, grid=True)
+    assert list(grid) == ["max_draft=2, adaptive=true", "max_draft=2, adaptive=false",
+                          "max_draft=10, adaptive=true", "max_draft=10, adaptive=false"]
+
+
+@pytest.mark.parametrize("pairs,needle", [
+    (["max_drafts=1,2"], "did you mean 'max_draft'"),
+    (["max_draft=3"], "nothing to sweep"),
+    (["max_draft=1,2", "max_draft=3,4"], "given twice"),
+    (["max_draft"], "key=v1,v2"),
+])
+def test_bad_sweeps_are_one_line(pairs, needle):
+    from harness.compare import parse_sweep
+    from methods.pld import PromptLookupDrafter
+
+    with pytest.raises(SpecbenchError, match=needle):
+        parse_sweep(pairs, PromptLookupDrafter)
+
+
+def test_sweep_of_defaults_only_is_refused():
+    from harness.compare import make_variants
+    from methods.pld import PromptLookupDrafter
+
+    with pytest.raises(SpecbenchError, match="equals the default"):
+        make_variants(PromptLookupDrafter, {}, {"max_draft": [10], "adaptive": [True]})
+
+
+class _Learned:
+    """A stand-in for a learned drafter: weights exist for the default architecture only."""
+
+    name = "fake"
+    trainable = True
+    defaults = {"layers": 1, "topk": 4}
+    arch_keys = ("layers",)
+
+    @classmethod
+    def resolve_config(cls, overrides):
+        from methods.base import Drafter
+
+        return Drafter.resolve_config.__func__(cls, overrides)
+
+    @classmethod
+    def arch_hash(cls, config):
+        return config_hash({k: config[k] for k in cls.arch_keys})
+
+    @classmethod
+    def create(cls, target, overrides, checkpoint=None):
+        if cls.resolve_config(overrides)["layers"] != 1:
+            raise SpecbenchError("no trained weights for 'fake'")
+        return object()
+
+
+def test_arch_variant_without_weights_names_train():
+    from harness.compare import check_arch_variants, make_variants
+
+    class T:
+        name = "tiny"
+
+    check_arch_variants(_Learned, make_variants(_Learned, {}, {"topk": [4, 8]}), T())  # inference keys: fine
+    with pytest.raises(SpecbenchError) as e:
+        check_arch_variants(_Learned, make_variants(_Learned, {}, {"layers": [1, 2]}), T())
+    msg = str(e.value)
+    assert "variant 'layers=2' changes architecture key(s) layers" in msg
+    assert "python cli.py train --method fake --target tiny --set layers=2" in msg and "\n" not in msg
+
+
+def test_discovery_takes_methods_whose_weights_are_found(monkeypatch):
+    from rich.console import Console
+
+    from harness.compare import discover_methods
+    from methods import registry
+
+    class Found(_Learned):
+        name = "eagle"
+
+        @classmethod
+        def create(cls, target, overrides, checkpoint=None):
+            return object()
+
+    class Buggy(_Learned):
+        name = "hydra"
+
+        @classmethod
+        def create(cls, target, overrides, checkpoint=None):
+            raise RuntimeError("boom")
+
+    class Missing(_Learned):
+        name = "medusa"
+
+        @classmethod
+        def create(cls, target, overrides, checkpoint=None):
+            raise SpecbenchError("no trained weights for 'medusa'\nsecond line")
+
+    class Free:
+        name = "lookahead"
+        trainable = False
+        defaults = {}
+
+    monkeypatch.setattr(registry, "_ENTRIES", {"pld": "methods.pld:PromptLookupDrafter",
+                                               "broken": "methods.does_not_exist:X"})
+    monkeypatch.setattr(registry, "_CLASSES", {"medusa": Missing, "eagle": Found, "hydra": Buggy,
+                                               "lookahead": Free, "gumiho": Found})
+    console = Console(record=True, width=200, file=io.StringIO())
+    assert discover_methods(object(), {}, console) == ["pld", "eagle", "gumiho"]
+    text = console.export_text()
+    assert "skipping broken: cannot import it" in text and "skipping hydra: building it failed" in text
+    assert "not compared: medusa (no trained weights for 'medusa')" in text and "second line" not in text
+
+
+@pytest.fixture
+def chat_tiny_target():
+    """The tiny random Llama with a byte-level 'chat' encoding, so the real grid runs in a second."""
+    from tests.conftest import make_tiny_target
+
+    target = make_tiny_target()
+    target.encode_chat = lambda messages: [b % 90 + 1 for m in messages for b in m["content"].encode()][:40]
+    target.decode = lambda ids: " ".join(map(str, ids))
+    return target
+
+
+def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, chat_tiny_target):
+    from rich.console import Console
+
+    from harness.compare import GridSpec, run_ablation, write_outputs
+
+    def spec():
+        return GridSpec(methods=None, benchmarks=["mt_bench"], temperatures=[1.0, 0.0], target="tiny",
+                        limit=1, max_new_tokens=5, dtype="float32")
+
+    quiet = Console(file=io.StringIO())
+    out = tmp_path / "ab"
+    run_dir = run_ablation("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec(), out, shared_data,
+                           quiet, chat_tiny_target)
+    records = RunDir(run_dir).records()
+    # 2 temperatures x 2 MT-Bench turns x (AR + default + max_draft=2 + adaptive=false)
+    assert len(records) == 2 * 2 * 4
+    assert {r["acceptance"] for r in records if r["method"] != "ar"} == {"greedy", "lossless"}
+    assert len({r["config_hash"] for r in records}) == 4
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["config"]["command"] == "ablate" and set(meta["config"]["ablation"]["variants"]) == {
+        "default", "max_draft=2", "adaptive=false"}
+    # Rerunning resumes: nothing new is answered.
+    run_ablation("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec(), out, shared_data, quiet,
+                 chat_tiny_target)
+    assert len(RunDir(run_dir).records()) == len(records)
+    paths = write_outputs(run_dir)
+    assert {"ablation.md", "ablation.png", "cost.md", "depth.csv"} <= {p.name for p in paths}
+    md = (run_dir / "tables" / "ablation.md").read_text()
+    assert "**Temperature 0 (greedy)**" in md and "| max_draft=2 |" in md
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compare", "--methods", "pdl"], "unknown method 'pdl'"),
+    (["compare", "--methods", "pld", "--benchmarks", "gsm9k"], "unknown benchmark"),
+    (["compare", "--methods", "pld", "-t", "0", "-t", "1", "--acceptance", "greedy"], "--acceptance greedy"),
+    (["compare", "--methods", "pld", "--preset", "fast"], "unknown preset 'fast'"),
+    (["compare", "--methods", "pld", "--set", "max_drafts=3"], "did you mean 'max_draft'"),
+    (["compare", "--methods", "pld", "--target", "smollm-135m"], "unknown target"),
+    (["ablate", "pld", "--set", "max_draft=3"], "nothing to sweep"),
+    (["ablate", "pdl", "--set", "max_draft=3,4"], "unknown method 'pdl'"),
+])
+def test_bad_compare_and_ablate_options_fail_before_loading(shared_data, args, needle):
+    from cli import app
+
+    res = CliRunner().invoke(app, [*args, "--data-dir", str(shared_data)])
+    assert res.exit_code == 2, res.output
+    text = res.output.strip()
+    assert text.startswith("error:") and len(text.splitlines()) == 1 and needle in text, text
