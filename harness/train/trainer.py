@@ -173,7 +173,7 @@ class Trainer:
                         self.batch_in_epoch = i + 1
                         self.seconds += time.perf_counter() - t0
                         self._rng = torch.get_rng_state()
-                        shown = {k: round(float(v), 4) for k, v in out.items()}
+                        shown = {k: round(float(v.detach()), 4) for k, v in out.items()}
                         progress.update(task, completed=self.step,
                                         losses=" ".join(f"{k} {v:.3f}" for k, v in shown.items()))
                         row = {"step": self.step, "epoch": self.epoch, "lr": self.sched.get_last_lr()[0],
