@@ -130,6 +130,11 @@ def grid_spec(methods, benchmarks, temperature, target, dtype, device, limit, ma
         chat_template=chat_template, system_prompt=system_prompt)
 
 
+def print_markdown(path: Path) -> None:
+    """A table file as it is (no wrapping, no markup), so it pastes into a README."""
+    console.print(path.read_text(), markup=False, highlight=False, soft_wrap=True)
+
+
 def print_written(run_dir: Path, paths: list[Path]) -> None:
     tables = sorted({p.name for p in paths if p.parent.name == "tables"})
     plots = sorted({p.stem for p in paths if p.parent.name == "plots"})
@@ -178,7 +183,7 @@ def compare(
     run_dir = run_grid(spec, out, data_dir, err)
     print_summary(summarize_dir(run_dir))
     paths = write_outputs(run_dir, ci)
-    console.print((run_dir / "tables" / "main.md").read_text(), markup=False, highlight=False)
+    print_markdown(run_dir / "tables" / "main.md")
     print_written(run_dir, paths)
     if record:
         from harness.regress import HISTORY_FILE, record_history
@@ -215,7 +220,7 @@ def ablate(
                      acceptance, seed, None, None, None)
     run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err)
     paths = write_outputs(run_dir, ci)
-    console.print((run_dir / "tables" / "ablation.md").read_text(), markup=False, highlight=False)
+    print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
     console.print(f"run folder: {run_dir}")
 
@@ -228,7 +233,7 @@ def table(run_dir: Path = typer.Argument(..., help="a run folder"),
     from harness.report import write_tables
 
     paths = write_tables(run_dir, ci)
-    console.print(paths[0].read_text(), markup=False, highlight=False)
+    print_markdown(paths[0])
     print_written(run_dir, paths)
 
 
@@ -306,7 +311,7 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="de
     for m in pivot.columns:
         t.add_column(f"{m} τ")
     for (_, commit), row in pivot.iterrows():
-        t.add_row(str(commit)[:10], *["–" if v != v else f"{v:.4f}" for v in row])
+        t.add_row(str(commit)[:7], *["–" if v != v else f"{v:.4f}" for v in row])
     console.print(t)
     paths = plot_history(frame, out or file.parent, benchmark)
     console.print(f"plot: {', '.join(map(str, paths))}")

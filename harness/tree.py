@@ -29,6 +29,8 @@ class DraftTree:
     q: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     extra_mask: list[tuple[int, int]] = field(default_factory=list)
+    # Verifier-only edges (Gumiho's paper-FTA): node -> extra nodes tried as if they were its children.
+    extra_children: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokens = self.tokens.reshape(-1).long()
@@ -67,6 +69,11 @@ class DraftTree:
         for i, p in enumerate(self.parent_list[1:], start=1):
             kids[p].append(i)
         return kids
+
+    def verify_children(self, node: int) -> list[int]:
+        """Children the acceptance rule tries under `node`: the real ones, then any extra ones."""
+        extra = self.extra_children.get(node)
+        return self.children[node] + extra if extra else self.children[node]
 
     @cached_property
     def depths(self) -> torch.Tensor:

@@ -98,7 +98,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     node, path = 0, [0]
     while True:
         want = top[node]
-        nxt = next((c for c in tree.children[node] if tokens[c] == want), None)
+        nxt = next((c for c in tree.verify_children(node) if tokens[c] == want), None)
         if nxt is None:
             return Verdict(path, want)
         node = nxt
@@ -120,7 +120,7 @@ def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, t
     node, path = 0, [0]
     p = processed_probs(logits[0], temperature, top_p)
     while True:
-        kids = tree.children[node]
+        kids = tree.verify_children(node)
         q = tree.q[node].float().clone() if (tree.q is not None and kids) else None
         chosen = None
         for c in kids:

@@ -13,6 +13,7 @@ _ENTRIES: dict[str, str] = {
     "hydra": "methods.hydra:Hydra",
     "eagle": "methods.eagle:Eagle",
     "eagle2": "methods.eagle2:Eagle2",
+    "gumiho": "methods.gumiho:Gumiho",
 }
 _CLASSES: dict[str, type] = {}
 

@@ -122,6 +122,7 @@ class Trainer:
         return batch
 
     def _loss(self, batch) -> dict[str, torch.Tensor]:
+        self.drafter.train_epoch = self.epoch  # for epoch-scheduled loss terms (Gumiho's MLP CE)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             return self.drafter.loss(batch)
 

@@ -1,0 +1,334 @@
+"""Gumiho (ICML 2025): a serial Transformer drafts the first two tokens, parallel MLP heads the rest.
+
+Serial part: EAGLE's fc + `serial_layers` decoder layers (default 2; the first without input
+norm, no final norm). MLP heads (default 5): each SiLU(Linear 2H->H) without residual, then five
+x + SiLU(Linear H->H) blocks, all zero-initialised, read through the target's frozen LM head.
+Their input is [u1 ; u2], the fc-fused inputs of the last two serial levels; all heads run in
+one batched call on the depth-2 rows and predict depths 3 .. 2 + mlp_heads.
+
+Three switches cover where the official code differs from a lossless, bug-free reading (each an
+inference key; `preset=paper` selects the official behaviour and tree settings):
+  fta                  off | paper | exact (default). "Full tree attention": paper pads each short
+                       path with the most frequent node of each deeper level and lets its leaf
+                       attend to those borrowed nodes (their logits come from another context:
+                       not lossless, and the harness shows it as mismatches); exact makes the
+                       borrowed tokens real nodes under the short path's leaf, dropping the
+                       lowest-scored nodes to stay within the token budget.
+  mlp_row_alignment    parent (default): slot 1 of MLP row r is the true parent of depth-2 beam r;
+                       paper: the r-th depth-1 token in score order (usually another path).
+  serial_sibling_mask  eagle2 (default): each depth-1 beam sees only its ancestors; paper: none
+                       (beam j also sees beams 0..j-1 causally).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.train.losses import frozen_head_ce, masked_smooth_l1
+from harness.tree import DraftTree
+from methods.eagle import EagleCore
+from methods.eagle2 import rerank
+from methods.medusa import ResBlock
+
+PAPER_PRESET = {"top_k": 14, "depth": 6, "mlp_topk": 35, "pruning": 35, "total_tokens": 64, "fta": "paper",
+                "mlp_row_alignment": "paper", "serial_sibling_mask": "paper"}
+
+
+class NoResBlock(nn.Module):
+    def __init__(self, d_in: int, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d_in, hidden)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x))
+
+
+class Gumiho(EagleCore):
+    """Gumiho: 2-layer serial draft for depths 1-2, parallel MLP heads for the rest, full tree attention."""
+
+    name = "gumiho"
+    default_lr = 1e-3
+    defaults: dict[str, Any] = {
+        "layers": 2, "fc_bias": True, "mlp_heads": 5, "mlp_blocks": 5,
+        "mlp_ce_from_epoch": 2,   # the official schedule switches the MLP CE on after 2 epochs
+        # CPU defaults (official eval: 14 / 6 / 35 / 35 / 64): a 32-token verify costs ~1.3x a
+        # step here in bf16, so the budget matches EAGLE-2's CPU default of 32 tokens.
+        "top_k": 8, "depth": 6, "mlp_topk": 12, "pruning": 12, "total_tokens": 32,
+        "fta": "exact", "mlp_row_alignment": "parent", "serial_sibling_mask": "eagle2",
+        "preset": "default",
+    }
+    arch_keys = ("layers", "fc_bias", "mlp_heads", "mlp_blocks")
+
+    @classmethod
+    def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        cfg = super().resolve_config(overrides)
+        if cfg["preset"] == "paper":
+            cfg.update({k: v for k, v in PAPER_PRESET.items() if k not in overrides})
+        elif cfg["preset"] != "default":
+            from harness.errors import unknown
+
+            raise unknown("gumiho preset", cfg["preset"], ["default", "paper"])
+        for key, allowed in (("fta", ("off", "paper", "exact")), ("mlp_row_alignment", ("paper", "parent")),
+                             ("serial_sibling_mask", ("paper", "eagle2"))):
+            if cfg[key] not in allowed:
+                from harness.errors import unknown
+
+                raise unknown(f"value for {key}", str(cfg[key]), allowed)
+        if cfg["depth"] - cfg["mlp_heads"] < 1:
+            from harness.errors import SpecbenchError
+
+            raise SpecbenchError(f"gumiho needs depth > mlp_heads (one serial expansion at least); "
+                                 f"got depth {cfg['depth']}, mlp_heads {cfg['mlp_heads']}")
+        return cfg
+
+    def __init__(self, target, config: dict[str, Any] | None = None) -> None:
+        super().__init__(target, config)
+        h = target.hidden_size
+        self.mlp = nn.ModuleList(
+            nn.Sequential(NoResBlock(2 * h, h), *[ResBlock(h) for _ in range(self.config["mlp_blocks"])])
+            for _ in range(self.config["mlp_heads"]))
+        self.to(device=target.device)
+        self.train_epoch = 0
+
+    def run_mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., 2H] -> [..., heads, H]: every head on the same rows (one batched call per head)."""
+        return torch.stack([head(x) for head in self.mlp], dim=-2)
+
+    # ---- training -------------------------------------------------------------------------
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        f_in = batch.features[:, :-1]
+        toks = batch.input_ids[:, 1:]
+        target = batch.target_features[:, 1:]
+        mask = (batch.loss_mask * batch.attention_mask)[:, 1:]
+        b, t, _ = f_in.shape
+        pos = torch.arange(t, device=f_in.device)[None].expand(b, t)
+        h = self.stack(self.fuse(toks, f_in), pos)          # h[j] ~ f_{j+1}
+        v = masked_smooth_l1(h, target, mask)
+        p, acc = frozen_head_ce(h, self.target.lm_head.weight, mask, target_hidden=target)
+        out = {"vloss": v.detach(), "ploss": p.detach(), "acc": acc.detach()}
+        total = v + 0.1 * p
+        # MLP inputs: g_j = fc([emb(t_{j+2}) ; h_j]) and the row at j is [g_j ; g_{j+1}];
+        # head k at j is scored against f_{j+3+k} (the token 3+k ahead of t_j's successor pair).
+        ids = batch.input_ids
+        n = t - 1
+        if n > 0:
+            g = self.fuse(ids[:, 2 : 2 + n], h[:, :n])       # g_j for j < n
+            heads_needed = self.config["mlp_heads"]
+            rows = torch.cat([g[:, :-1], g[:, 1:]], dim=-1)  # [b, n-1, 2H] for j < n-1
+            pred = self.run_mlp(rows)                        # [b, n-1, heads, H]
+            full_mask = batch.loss_mask * batch.attention_mask
+            ce_on = 0.1 if self.train_epoch >= self.config["mlp_ce_from_epoch"] else 0.0
+            norm = 9.0  # the official mlp_loss_weight
+            for k in range(heads_needed):
+                off = 3 + k
+                m = rows.shape[1] - max(0, off + rows.shape[1] - batch.features.shape[1])
+                if m <= 0:
+                    break
+                tgt = batch.target_features[:, off : off + m]
+                msk = full_mask[:, off : off + m]
+                pk = pred[:, :m, k]
+                vk = masked_smooth_l1(pk, tgt, msk)
+                ck, ak = frozen_head_ce(pk, self.target.lm_head.weight, msk, target_hidden=tgt)
+                w = 0.8 ** (k + 1)
+                total = total + w * vk / norm + ce_on * w * ck / norm
+                out[f"mlp{k}_acc"] = ak.detach()
+        out["loss"] = total
+        return out
+
+    # ---- decoding -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, ctx) -> DraftTree:
+        cfg = self.config
+        k = cfg["top_k"]
+        dev = self.target.device
+        committed = self._cache.length
+        # 1. Root pass output -> depth-1 candidates (the first beam).
+        top = self.logp(self._last).topk(k)
+        d1_tok, d1_score = top.indices, top.values.cpu()
+        cand_tok = d1_tok.tolist()
+        cand_score = d1_score.tolist()
+        cand_parent = [-1] * k
+        # 2. One serial expansion over the k depth-1 beams at position `committed`.
+        if cfg["serial_sibling_mask"] == "eagle2":
+            mask = self.tree_mask(committed, [[] for _ in range(k)], 0)
+        else:  # paper: no tree mask, so the siblings see each other causally
+            mask = torch.ones(k, committed + k, dtype=torch.bool, device=dev)
+            mask[:, committed:] = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
+        feats1 = self._last.expand(k, -1)
+        out1 = self.draft_forward(d1_tok, feats1, torch.full((k,), committed, device=dev), mask)
+        self._cache.crop_to(committed)
+        child = self.logp(out1).topk(k)
+        cu = d1_score[:, None] + child.values.cpu()
+        best = torch.topk(cu.flatten(), k).indices
+        d2_parent = (best // k).tolist()                     # index into the depth-1 beam
+        d2_tok = child.indices.flatten()[best.to(dev)]
+        d2_ids = []
+        for j, b in enumerate(best.tolist()):
+            d2_ids.append(len(cand_tok))
+            cand_tok.append(int(d2_tok[j]))
+            cand_score.append(float(cu.flatten()[b]))
+            cand_parent.append(d2_parent[j])
+        # 3. MLP rows [u1 ; u2].
+        u2 = self.fuse(d2_tok, out1[d2_parent])
+        slot1 = d2_parent if cfg["mlp_row_alignment"] == "parent" else list(range(k))
+        u1 = self.fuse(d1_tok[slot1], feats1[slot1])
+        logp_mlp = self.logp(self.run_mlp(torch.cat([u1, u2], dim=-1)))   # [k, heads, V]
+        # 4. Per MLP level, beams extend by their row's head distribution; global pruning.
+        beams = [(c, r, cand_score[c]) for r, c in enumerate(d2_ids)]    # (cand id, row, score)
+        for lvl in range(cfg["mlp_heads"]):
+            if not beams:
+                break
+            rows = torch.tensor([r for _, r, _ in beams])
+            tk = logp_mlp[rows, lvl].topk(cfg["mlp_topk"])
+            scores = torch.tensor([s for _, _, s in beams])[:, None] + tk.values.cpu()
+            pick = torch.topk(scores.flatten(), min(cfg["pruning"], scores.numel())).indices.tolist()
+            nxt = []
+            for p in pick:
+                bi, ci = divmod(p, cfg["mlp_topk"])
+                parent, row, _ = beams[bi]
+                cid = len(cand_tok)
+                cand_tok.append(int(tk.indices[bi, ci]))
+                cand_score.append(float(scores[bi, ci]))
+                cand_parent.append(parent)
+                nxt.append((cid, row, cand_score[cid]))
+            beams = nxt
+        self.last_pool_size = len(cand_tok)
+        # 5. Rerank to the budget, then full tree attention.
+        budget = cfg["total_tokens"] - 1
+        keep = rerank(torch.tensor(cand_score), cand_parent, budget)
+        tree_nodes = self._to_nodes(keep, cand_tok, cand_parent, cand_score, ctx.max_nodes)
+        if cfg["fta"] == "exact":
+            tree_nodes = fta_exact(tree_nodes, budget)
+        tree = build_tree(ctx.root, tree_nodes)
+        if cfg["fta"] == "paper":
+            tree = fta_paper(tree)
+        return tree
+
+    @staticmethod
+    def _to_nodes(keep, toks, parents, scores, max_nodes) -> list[dict]:
+        """Kept candidates as nodes {tok, parent (node index, -1 = root), score, depth}."""
+        index, nodes = {}, []
+        for c in keep:
+            par = parents[c]
+            if par != -1 and par not in index:
+                continue
+            depth = 1 if par == -1 else nodes[index[par]]["depth"] + 1
+            if depth > max_nodes - 1:
+                continue
+            index[c] = len(nodes)
+            nodes.append({"tok": toks[c], "parent": -1 if par == -1 else index[par], "score": scores[c],
+                          "depth": depth})
+        return nodes
+
+    # ---- official checkpoints ------------------------------------------------------------
+    @classmethod
+    def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Gumiho":
+        from methods.eagle import _read_state
+
+        state = _read_state(folder)
+        mapped = {}
+        for key, val in state.items():
+            if key.startswith("embed_tokens.") or "rotary_emb" in key:
+                continue
+            key = key.replace("mlp.mlp.", "mlp.", 1) if key.startswith("mlp.mlp.") else key
+            mapped[("stack." + key) if key.startswith("layers.") else key] = val
+        layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
+        heads = 1 + max(int(k.split(".")[1]) for k in mapped if k.startswith("mlp."))
+        blocks = max(int(k.split(".")[2]) for k in mapped if k.startswith("mlp."))
+        drafter = cls(target, {"layers": layers, "mlp_heads": heads, "mlp_blocks": blocks, **overrides})
+        drafter.load_weights(folder, state=mapped)
+        return drafter
+
+
+def build_tree(root: int, nodes: list[dict]) -> DraftTree:
+    tokens = [root] + [n["tok"] for n in nodes]
+    parents = [-1] + [n["parent"] + 1 for n in nodes]
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents),
+                     scores=torch.tensor([0.0] + [n["score"] for n in nodes]))
+
+
+def _trunk(nodes: list[dict]) -> dict[int, int]:
+    """Per depth, the node with the most leaf descendants (the official 'most frequent per column')."""
+    children = Counter(n["parent"] for n in nodes)
+    counts: Counter = Counter()
+    for i, n in enumerate(nodes):
+        if children[i] == 0:  # a leaf: count it on every ancestor
+            j = i
+            while j != -1:
+                counts[j] += 1
+                j = nodes[j]["parent"]
+    best: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        d = n["depth"]
+        if d not in best or counts[i] > counts[best[d]]:
+            best[d] = i
+    return best
+
+
+def fta_exact(nodes: list[dict], budget: int) -> list[dict]:
+    """Lossless full tree attention: under every leaf shallower than the tree, chain real copies of
+    the trunk tokens of the deeper levels (so their logits are computed in the right context);
+    while over budget, drop the lowest-scored leaf of the original tree and recompute."""
+    nodes = [dict(n) for n in nodes]
+    while True:
+        if not nodes:
+            return nodes
+        max_depth = max(n["depth"] for n in nodes)
+        trunk = _trunk(nodes)
+        has_child = {n["parent"] for n in nodes}
+        leaves = [i for i in range(len(nodes)) if i not in has_child and nodes[i]["depth"] < max_depth]
+        extra = sum(max_depth - nodes[i]["depth"] for i in leaves)
+        if len(nodes) + extra <= budget or len(nodes) <= 1:
+            break
+        all_leaves = [i for i in range(len(nodes)) if i not in has_child]
+        drop = min(all_leaves, key=lambda i: nodes[i]["score"])
+        remap, kept = {}, []
+        for i, n in enumerate(nodes):
+            if i == drop:
+                continue
+            remap[i] = len(kept)
+            kept.append({**n, "parent": -1 if n["parent"] == -1 else remap[n["parent"]]})
+        nodes = kept
+    out = list(nodes)
+    for leaf in leaves:
+        par = leaf
+        for d in range(nodes[leaf]["depth"] + 1, max_depth + 1):
+            src = nodes[trunk[d]]
+            out.append({"tok": src["tok"], "parent": par, "score": src["score"], "depth": d, "borrowed": True})
+            par = len(out) - 1
+    # Keep parents before children: order by depth (stable), remapping parent indices.
+    order = sorted(range(len(out)), key=lambda i: (out[i]["depth"], i))
+    pos = {old: new for new, old in enumerate(order)}
+    return [{**out[i], "parent": -1 if out[i]["parent"] == -1 else pos[out[i]["parent"]]} for i in order]
+
+
+def fta_paper(tree: DraftTree) -> DraftTree:
+    """The official padding: each short root->leaf path is continued by the most frequent node of
+    each deeper column, verified as if it followed the leaf, and the leaf attends to those nodes.
+    Their logits were computed in another context, so this is *not* lossless."""
+    paths = tree.paths()
+    width = max(len(p) for p in paths)
+    cols: dict[int, int] = {}
+    for c in range(width):
+        vals = [p[c] for p in paths if len(p) > c]
+        cols[c] = Counter(vals).most_common(1)[0][0]
+    extra_children: dict[int, list[int]] = {}
+    extra_mask: list[tuple[int, int]] = []
+    for p in paths:
+        if len(p) == width:
+            continue
+        leaf = p[-1]
+        borrowed = [cols[c] for c in range(len(p), width)]
+        if any(b <= leaf for b in borrowed):
+            continue  # the cache commit needs ascending node order
+        extra_children.setdefault(leaf, []).append(borrowed[0])
+        for b in borrowed:
+            extra_mask.append((leaf, b))
+    tree.extra_mask = extra_mask
+    tree.extra_children = extra_children
+    return tree
