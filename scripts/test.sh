@@ -4,7 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export SPECBENCH_DATA=${SPECBENCH_DATA:-$(cd .. && pwd)/shared/data}
-python3 -m pytest -q "$@"
+python3 -m pytest "$@"
 rc=$?
 if [ $rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi
 exit $rc
