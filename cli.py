@@ -13,7 +13,7 @@ from harness.errors import SpecbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark speculative decoders on one common code path.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables
 err = Console(stderr=True)
 
 DATA_HELP = "folder with <benchmark>/question.jsonl (default: $SPECBENCH_DATA)"
@@ -93,7 +93,7 @@ def print_summary(df) -> None:
         table.add_column(c.replace("_per_", "/").replace("mismatches_near_tie", "near-tie"))
     for _, row in df.iterrows():
         table.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols])
-    console.print(table)
+    console.print(table, width=max(console.width, 200))  # never squeeze the numbers into ellipses
 
 
 @app.command()

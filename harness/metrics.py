@@ -268,7 +268,13 @@ def attach_divergences(records: list[dict]) -> list[dict]:
     earlier turn already differed from AR's is marked `inherited` (its prompt differs from AR's).
     """
     ar = {_prompt_key(r): r for r in records if r["method"] == AR_METHOD}
-    by_method_prompt = {(r["method"], r.get("config_hash"), _prompt_key(r)): r for r in records}
+
+    def turn_key(r: dict, turn: int) -> tuple:
+        # Seeds differ per turn, so earlier turns are found by question and settings, not seed.
+        return (r["benchmark"], r["question_id"], turn, float(r["temperature"]), float(r.get("top_p", 1.0)))
+
+    ar_turn = {turn_key(r, r["turn"]): r for r in records if r["method"] == AR_METHOD}
+    own_turn = {(r["method"], r.get("config_hash"), turn_key(r, r["turn"])): r for r in records}
     for rec in records:
         if rec["method"] == AR_METHOD or float(rec["temperature"]) != 0.0:
             continue
@@ -277,9 +283,8 @@ def attach_divergences(records: list[dict]) -> list[dict]:
             continue
         inherited = False
         for turn in range(int(rec.get("turn", 0))):
-            key = _prompt_key({**rec, "turn": turn})
-            own = by_method_prompt.get((rec["method"], rec.get("config_hash"), key))
-            ar_prev = ar.get(key)
+            own = own_turn.get((rec["method"], rec.get("config_hash"), turn_key(rec, turn)))
+            ar_prev = ar_turn.get(turn_key(rec, turn))
             if own is not None and ar_prev is not None and own["output_ids"] != ar_prev["output_ids"]:
                 inherited = True
         rec["divergence"] = first_divergence(rec["output_ids"], ref["output_ids"], ref.get("ar_top1"),

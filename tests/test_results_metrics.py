@@ -276,3 +276,21 @@ def test_rundir_refuses_records_without_meta(tmp_path, fake_meta, run_records):
 
 def test_metrics_module_exports():
     assert metrics.AR_METHOD == "ar"
+
+
+def test_attach_divergences_marks_later_turns_inherited():
+    from harness.metrics import attach_divergences
+
+    def rec(method, turn, out, seed):
+        r = {"method": method, "config_hash": method, "benchmark": "mt_bench", "question_id": 81, "turn": turn,
+             "temperature": 0.0, "top_p": 1.0, "seed": seed, "output_ids": out, "acceptance": "greedy"}
+        if method == "ar":
+            r.update(ar_top1=[20.0] * len(out), ar_gap=[0.1] * len(out))
+        return r
+
+    # Seeds differ per turn (as the runner derives them); turn 0 diverges, so turn 1 is inherited.
+    recs = [rec("ar", 0, [1, 2, 3], 11), rec("ar", 1, [4, 5], 22), rec("pld", 0, [1, 9, 3], 11),
+            rec("pld", 1, [7, 5], 22)]
+    attach_divergences(recs)
+    assert recs[2]["divergence"]["position"] == 1 and not recs[2]["divergence"]["inherited"]
+    assert recs[3]["divergence"]["inherited"] is True
