@@ -212,13 +212,14 @@ def ablate(
     seed: int = typer.Option(0),
     out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
     ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too"),
+    train_steps: int = typer.Option(1500, help="budget for training a variant whose architecture has no weights yet (0: refuse instead)"),
 ):
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
     from harness.compare import run_ablation, write_outputs
 
     spec = grid_spec([method], benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, 1.0,
                      acceptance, seed, None, None, None)
-    run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err)
+    run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps)
     paths = write_outputs(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
@@ -424,14 +425,9 @@ def train(
     threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
     """Train a drafter on the shared distilled data (features are extracted and cached first). Resumes."""
-    from rich.progress import Progress
-
     from harness.runner import parse_settings
     from harness.target import Target
-    from harness.train.data import FeatureDataset
-    from harness.train.features import extract_features, load_feature_shards
-    from harness.train.trainer import TrainConfig, Trainer
-    from methods.base import REPO_ROOT
+    from harness.train.pipeline import train_method
     from methods.registry import get_method
 
     set_threads(threads)
@@ -439,19 +435,11 @@ def train(
     if not cls.trainable:
         raise SpecbenchError(f"method '{method}' is training-free: there is nothing to train")
     overrides = parse_settings(set_)
-    config = cls.resolve_config(overrides)
-    data = data or REPO_ROOT / "datasets" / "distill" / target
+    cls.resolve_config(overrides)  # unknown keys fail before the target loads
     tgt = Target.load(target, device, dtype)
-    with Progress(console=err) as progress:
-        feats = extract_features(tgt, data, prompts, progress=progress)
-    dataset = FeatureDataset(load_feature_shards(feats))
-    drafter = cls(tgt, overrides)
-    out = out or REPO_ROOT / "checkpoints" / target / cls.checkpoint_name(config)
-    cfg = TrainConfig(steps=steps, lr=lr if lr is not None else cls.default_lr, tokens_per_batch=tokens_per_batch,
-                      max_len=max_len, autocast=autocast)
-    err.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
-              f"answer tokens; checkpoints in {out}")
-    result = Trainer(drafter, dataset, cfg, out, err).train()
+    result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
+                          tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
+                          console=err)
     console.print_json(data=result)
 
 

@@ -172,9 +172,12 @@ def make_variants(cls: type, fixed: dict[str, Any], sweep: dict[str, list[Any]],
     return out
 
 
-def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target) -> None:
+def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target, train_steps: int = 0,
+                        console: Console | None = None) -> None:
     """A variant that changes an architecture key needs weights trained for that architecture
-    (checkpoints are keyed by the arch hash); fail before running anything when they are missing."""
+    (checkpoints are keyed by the arch hash). With `train_steps` > 0 the missing ones are trained
+    first with that budget on the shared distilled data (reruns find and reuse them); otherwise
+    fail before running anything."""
     for label, overrides in variants.items():
         config = cls.resolve_config(overrides)
         changed = [k for k in cls.arch_keys if config[k] != cls.defaults[k]]
@@ -182,7 +185,13 @@ def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target) 
             continue
         try:
             cls.create(target, overrides)
+            continue
         except SpecbenchError as e:
+            if train_steps > 0 and not cls.weights_from:
+                from harness.train.pipeline import train_method
+
+                train_method(target, cls.name, {k: config[k] for k in changed}, steps=train_steps, console=console)
+                continue
             sets = " ".join(f"--set {k}={fmt_value(config[k])}" for k in changed)
             raise SpecbenchError(
                 f"variant '{label}' changes architecture key(s) {', '.join(changed)} of {cls.name}: it needs "
@@ -195,7 +204,8 @@ def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target) 
 
 def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | None = None,
              console: Console | None = None, target=None, *, command: str = "compare",
-             variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None) -> Path:
+             variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
+             train_steps: int = 0) -> Path:
     """Run the grid into one run folder and return its path (resumes finished cells).
 
     User errors (benchmarks, options, settings, unknown methods) are raised before the target loads.
@@ -228,7 +238,7 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
         methods = discover_methods(target, spec.settings, console)
         console.print(f"methods: {', '.join(methods)}")
     if variants:
-        check_arch_variants(get_method(methods[0]), variants, target)
+        check_arch_variants(get_method(methods[0]), variants, target, train_steps, console)
 
     runners = [Runner(spec.run_config(t, methods), out, data_dir, console, target=target, variants=variants)
                for t in spec.temperatures]
@@ -250,7 +260,8 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
 
 
 def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out: Path | None = None,
-                 data_dir: str | Path | None = None, console: Console | None = None, target=None) -> Path:
+                 data_dir: str | Path | None = None, console: Console | None = None, target=None,
+                 train_steps: int = 0) -> Path:
     """`cli.py ablate`: the variants of `method` beside AR, on the grid of `spec`."""
     from methods.registry import get_method
 
@@ -265,7 +276,8 @@ def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out:
     }
     spec.methods = [method]
     spec.settings = {}
-    return run_grid(spec, out, data_dir, console, target, command="ablate", variants=variants, ablation=ablation)
+    return run_grid(spec, out, data_dir, console, target, command="ablate", variants=variants, ablation=ablation,
+                    train_steps=train_steps)
 
 
 def write_outputs(run_dir: Path, ci: bool = False) -> list[Path]:

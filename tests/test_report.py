@@ -354,6 +354,21 @@ def test_arch_variant_without_weights_names_train():
     assert "python cli.py train --method fake --target tiny --set layers=2" in msg and "\n" not in msg
 
 
+def test_arch_variant_without_weights_is_trained_first(monkeypatch):
+    import harness.train.pipeline as pipeline
+    from harness.compare import check_arch_variants, make_variants
+
+    class T:
+        name = "tiny"
+
+    trained = []
+    monkeypatch.setattr(pipeline, "train_method", lambda target, method, overrides, **kw: trained.append(
+        (method, overrides, kw["steps"])))
+    _Learned.weights_from = None
+    check_arch_variants(_Learned, make_variants(_Learned, {}, {"layers": [1, 2]}), T(), train_steps=7)
+    assert trained == [("fake", {"layers": 2}, 7)]
+
+
 def test_discovery_takes_methods_whose_weights_are_found(monkeypatch):
     from rich.console import Console
 

@@ -1,0 +1,49 @@
+"""Train one method on the shared distilled data: extract (or reuse) features, then train.
+
+Used by `cli.py train` and by `cli.py ablate`, which trains an architecture variant it has no
+weights for with the same budget before running it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from harness.errors import SpecbenchError
+
+DEFAULT_PROMPTS = Path("../shared/data/train_prompts/prompts.jsonl")
+
+
+def train_method(target, method: str, overrides: dict[str, Any], *, steps: int = 1500, lr: float | None = None,
+                 data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
+                 max_len: int = 1024, autocast: str = "auto", out: Path | None = None,
+                 console: Console | None = None) -> dict[str, Any]:
+    """Train `method` with `overrides` for `steps` optimiser steps; returns the training summary
+    (resumes from `out` when a run was interrupted)."""
+    from harness.train.data import FeatureDataset
+    from harness.train.features import extract_features, load_feature_shards
+    from harness.train.trainer import TrainConfig, Trainer
+    from methods.base import REPO_ROOT
+    from methods.registry import get_method
+
+    console = console or Console(stderr=True)
+    cls = get_method(method)
+    if not cls.trainable:
+        raise SpecbenchError(f"method '{method}' is training-free: there is nothing to train")
+    if cls.weights_from:
+        raise SpecbenchError(f"method '{method}' uses the weights of '{cls.weights_from}': train that one")
+    config = cls.resolve_config(overrides)
+    data = data or REPO_ROOT / "datasets" / "distill" / target.name
+    with Progress(console=console) as progress:
+        feats = extract_features(target, data, prompts, progress=progress)
+    dataset = FeatureDataset(load_feature_shards(feats))
+    drafter = cls(target, overrides)
+    out = out or REPO_ROOT / "checkpoints" / target.name / cls.checkpoint_name(config)
+    cfg = TrainConfig(steps=steps, lr=lr if lr is not None else cls.default_lr, tokens_per_batch=tokens_per_batch,
+                      max_len=max_len, autocast=autocast)
+    console.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
+                  f"answer tokens for {steps} steps; checkpoints in {out}")
+    result = Trainer(drafter, dataset, cfg, out, console).train()
+    return {**result, "out": str(out)}
