@@ -173,5 +173,11 @@ class StaticTree:
             return cls(TREE_PRESETS[name_or_choices])
         return cls([list(c) for c in name_or_choices])
 
+    @classmethod
+    def for_heads(cls, name_or_choices, heads: int) -> "StaticTree":
+        """The named tree, cut to the depth that `heads` draft heads can fill."""
+        tree = cls.named(name_or_choices)
+        return tree.truncated(heads) if tree.max_depth > heads else tree
+
     def truncated(self, max_depth: int) -> "StaticTree":
         return StaticTree([c for c in self.choices if len(c) <= max_depth])

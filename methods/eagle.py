@@ -94,20 +94,22 @@ class EagleCore(LearnedDrafter):
         return m
 
     # ---- training -------------------------------------------------------------------------
-    def loss(self, batch) -> dict[str, torch.Tensor]:
+    def serial_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """SmoothL1(h_{i+1}, f_{i+1}) + 0.1 soft-CE against the target's distribution, on pairs
-        (f_i noised, t_{i+1}) where t_{i+1} is an answer token."""
+        (f_i noised, t_{i+1}) where t_{i+1} is an answer token. Returns (h, terms); h[:, i] ~ f_{i+1}."""
         f_in = batch.features[:, :-1]
         toks = batch.input_ids[:, 1:]
         target = batch.target_features[:, 1:]
         mask = (batch.loss_mask * batch.attention_mask)[:, 1:]
         b, t, _ = f_in.shape
         pos = torch.arange(t, device=f_in.device)[None].expand(b, t)
-        x = self.fuse(toks, f_in)
-        h = self.stack(x, pos)
+        h = self.stack(self.fuse(toks, f_in), pos)
         v = masked_smooth_l1(h, target, mask)
         p, acc = frozen_head_ce(h, self.target.lm_head.weight, mask, target_hidden=target)
-        return {"loss": v + 0.1 * p, "vloss": v.detach(), "ploss": p.detach(), "acc": acc.detach()}
+        return h, {"loss": v + 0.1 * p, "vloss": v.detach(), "ploss": p.detach(), "acc": acc.detach()}
+
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        return self.serial_loss(batch)[1]
 
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod

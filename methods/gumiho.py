@@ -101,17 +101,9 @@ class Gumiho(EagleCore):
 
     # ---- training -------------------------------------------------------------------------
     def loss(self, batch) -> dict[str, torch.Tensor]:
-        f_in = batch.features[:, :-1]
-        toks = batch.input_ids[:, 1:]
-        target = batch.target_features[:, 1:]
-        mask = (batch.loss_mask * batch.attention_mask)[:, 1:]
-        b, t, _ = f_in.shape
-        pos = torch.arange(t, device=f_in.device)[None].expand(b, t)
-        h = self.stack(self.fuse(toks, f_in), pos)          # h[j] ~ f_{j+1}
-        v = masked_smooth_l1(h, target, mask)
-        p, acc = frozen_head_ce(h, self.target.lm_head.weight, mask, target_hidden=target)
-        out = {"vloss": v.detach(), "ploss": p.detach(), "acc": acc.detach()}
-        total = v + 0.1 * p
+        h, out = self.serial_loss(batch)                     # h[:, j] ~ f_{j+1}
+        total = out.pop("loss")
+        t = h.shape[1]
         # MLP inputs: g_j = fc([emb(t_{j+2}) ; h_j]) and the row at j is [g_j ; g_{j+1}];
         # head k at j is scored against f_{j+3+k} (the token 3+k ahead of t_j's successor pair).
         ids = batch.input_ids

@@ -78,9 +78,7 @@ class Hydra(LearnedDrafter):
             for head in self.hydra_head:
                 head.proj.weight.data.copy_(target.lm_head.weight.data.float())
                 nn.init.zeros_(head.proj.bias)
-        self.tree = StaticTree.named(self.config["tree"])
-        if self.tree.max_depth > self.config["heads"]:
-            self.tree = self.tree.truncated(self.config["heads"])
+        self.tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
         self.to(device=target.device)
         self._cache = None
         self._z: torch.Tensor | None = None

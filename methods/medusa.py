@@ -72,9 +72,7 @@ class Medusa(LearnedDrafter):
                 blocks.append(proj)
             heads.append(nn.Sequential(*blocks))
         self.medusa_head = nn.ModuleList(heads)
-        self.tree = StaticTree.named(self.config["tree"])
-        if self.tree.max_depth > self.config["heads"]:
-            self.tree = self.tree.truncated(self.config["heads"])
+        self.tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
         self.to(device=target.device)  # float32 master weights; load_weights casts for inference
         self.feature: torch.Tensor | None = None
 

@@ -13,6 +13,7 @@ from harness.runner import RunConfig, Runner
 from harness.tree import tree_from_parent_map
 from methods.pld import PromptLookupDrafter
 from tests.oracle import OracleDrafter
+from tests.train_helpers import assert_tree_logits_match_paths
 
 
 def chat_prompts(target, data, per_bench: int = 2) -> list[list[int]]:
@@ -27,17 +28,7 @@ def test_tree_logits_equal_path_forwards(smollm2_fp32):
     t = smollm2_fp32
     prefix = torch.tensor(t.encode_chat([{"role": "user", "content": "Name three colours."}]))
     tree = tree_from_parent_map(int(prefix[-1]), [504, 3458, 28, 314, 2116, 30], [0, 0, 1, 1, 2, 5])
-    cache = t.new_cache()
-    t.forward(prefix[:-1], cache)
-    L = cache.length
-    out = t.forward(tree.tokens, cache, position_ids=L + tree.depths, tree_mask=tree.attention_mask)
-    for node in range(tree.size + 1):
-        path = [node]
-        while tree.parent_list[path[-1]] >= 0:
-            path.append(tree.parent_list[path[-1]])
-        seq = torch.cat([prefix[:-1], tree.tokens[path[::-1]]])
-        ref = t.forward(seq, t.new_cache(), logits="last").logits[-1]
-        assert (out.logits[node] - ref).abs().max() < 1e-4, node
+    assert_tree_logits_match_paths(t, prefix[:-1], tree)
 
 
 def test_pld_and_oracle_reproduce_ar(smollm2_fp32, shared_data):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from harness.tree import DraftTree, tree_from_parent_map
-from harness.verify import verify_greedy, verify_typical, Sampling
+from harness.verify import Sampling, verify_greedy, verify_typical
+from tests.train_helpers import assert_tree_logits_match_paths
 
 
 def small_tree() -> DraftTree:
@@ -51,17 +52,7 @@ def test_tree_forward_equals_causal_path_forward(tiny_target):
     prefix = torch.randint(0, t.vocab_size, (9,), generator=g)
     tree = tree_from_parent_map(int(prefix[-1]), torch.randint(0, t.vocab_size, (7,), generator=g).tolist(),
                                 [0, 0, 0, 1, 1, 3, 4])
-    cache = t.new_cache()
-    t.forward(prefix[:-1], cache)
-    L = cache.length
-    out = t.forward(tree.tokens, cache, position_ids=L + tree.depths, tree_mask=tree.attention_mask)
-    for node in range(tree.size + 1):
-        path = [node]
-        while tree.parent_list[path[-1]] >= 0:
-            path.append(tree.parent_list[path[-1]])
-        seq = torch.cat([prefix[:-1], tree.tokens[path[::-1]]])
-        ref = t.forward(seq, t.new_cache()).logits[-1]
-        assert torch.allclose(out.logits[node], ref, atol=1e-4), node
+    assert_tree_logits_match_paths(t, prefix[:-1], tree)
 
 
 def test_commit_keeps_accepted_rows_in_order(tiny_target):
