@@ -31,7 +31,7 @@ class ResBlockIn(nn.Module):
         super().__init__()
         self.linear = nn.Linear(d_in, hidden)
         nn.init.zeros_(self.linear.weight)
-        self.res_connection = nn.Linear(d_in, hidden, bias=False)
+        self.res_connection = nn.Linear(d_in, hidden)
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,6 +146,35 @@ class Hydra(LearnedDrafter):
                         nxt.append(c)
             frontier = nxt
         return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+
+    # ---- official checkpoints ------------------------------------------------------------
+    @classmethod
+    def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Hydra":
+        """`hydra_lm_head.pt` (prefix-mlp, grounded): `prefix_embeding_layer.*` -> `prefix.*`,
+        `hydra_mlp.{i}.{j}` -> `hydra_head.{i}.body.{j}` (same Sequential indices, Dropouts included;
+        the official shared ResBlock tensor lands in each of our distinct blocks),
+        `hydra_lm_head.{i}.1.*` -> `hydra_head.{i}.proj.*`. The unused prefix embedding, the copy of
+        the base embedding (`input_embed_fn`) and the stored `inv_freq` are dropped."""
+        from methods.eagle import _read_state
+
+        mapped = {}
+        for k, v in _read_state(folder).items():
+            if k.startswith("prefix_embeding_layer."):
+                if "embed_tokens" in k or "inv_freq" in k:
+                    continue
+                mapped["prefix." + k[len("prefix_embeding_layer."):]] = v
+            elif k.startswith("hydra_mlp."):
+                i, rest = k[len("hydra_mlp."):].split(".", 1)
+                mapped[f"hydra_head.{i}.body.{rest}"] = v.clone()
+            elif k.startswith("hydra_lm_head."):
+                i, rest = k[len("hydra_lm_head."):].split(".", 1)
+                mapped[f"hydra_head.{i}.proj.{rest.split('.', 1)[1]}"] = v
+        heads = 1 + max(int(k.split(".")[1]) for k in mapped if k.startswith("hydra_head."))
+        layers = (1 + max(int(k.split(".")[3]) for k in mapped if ".body." in k)) // 2
+        share = not any(".proj." in k for k in mapped)
+        drafter = cls(target, {"heads": heads, "layers": layers, "share_lm_head": share, **overrides})
+        drafter.load_weights(folder, state=mapped)
+        return drafter
 
     # ---- training -------------------------------------------------------------------------
     def loss(self, batch) -> dict[str, torch.Tensor]:

@@ -106,6 +106,24 @@ class Medusa(LearnedDrafter):
         top = torch.stack([self.head_logits(k, f).topk(self.tree.topk).indices for k in range(depth)])
         return static_tree_proposal(ctx.root, self.tree, top, ctx.max_nodes)
 
+    # ---- official checkpoints ------------------------------------------------------------
+    @classmethod
+    def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Medusa":
+        """`medusa_lm_head.pt`: the state dict of the head ModuleList, keys `{i}.{j}.linear.*` and
+        `{i}.{L}.weight` (the per-head vocab projection): ours with a `medusa_head.` prefix."""
+        from methods.eagle import _read_state
+
+        state = {f"medusa_head.{k}": v for k, v in _read_state(folder).items()}
+        heads = 1 + max(int(k.split(".")[1]) for k in state)
+        layers = max(int(k.split(".")[2]) for k in state)
+        arch = {"heads": heads, "layers": layers, "share_lm_head": not any(k.endswith(f".{layers}.weight")
+                                                                            for k in state)}
+        if arch["share_lm_head"]:  # a legacy file holds ResBlocks only
+            arch["layers"] = layers + 1
+        drafter = cls(target, {**arch, **overrides})
+        drafter.load_weights(folder, state=state)
+        return drafter
+
     # ---- training -------------------------------------------------------------------------
     def loss(self, batch) -> dict[str, torch.Tensor]:
         """Sum over heads of CE(head_k(f_t), token t+2+k) on assistant tokens (Medusa-1)."""

@@ -68,7 +68,8 @@ def vicuna7b_meta(cls, init=None):
                       num_key_value_heads=32, num_hidden_layers=32)
     with torch.device("meta"):
         fake = SimpleNamespace(config=cfg, hidden_size=4096, vocab_size=32000, device=torch.device("meta"),
-                               name="vicuna-7b", dtype=torch.float16)
+                               name="vicuna-7b", dtype=torch.float16,
+                               lm_head=torch.nn.Linear(4096, 32000, bias=False))
         d = cls.__new__(cls)
         (init or cls.__init__)(d, fake)
     return d
