@@ -205,9 +205,11 @@ class Eagle(EagleCore):
                     row_of[o] = n_rows + j
                 n_rows += len(ours)
             nxt = []
-            for n in expand:
+            # One LM-head projection for every node expanded at this depth.
+            logps = self.logp(torch.stack([hidden_of[index[n]] for n in expand]))
+            for row, n in enumerate(expand):
                 o = index[n]
-                logp = self.logp(hidden_of[o])
+                logp = logps[row]
                 kids = children[n]
                 k = max(tree.ranks[c - 1] for c in kids) + 1
                 if sampled:
