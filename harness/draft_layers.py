@@ -18,12 +18,22 @@ from harness.kvcache import KVCache
 class DecoderStack(nn.Module):
     """`layers` decoder layers + rotary embedding (+ optional final norm) of the target's architecture."""
 
-    def __init__(self, target_config, num_layers: int, first_input_norm: bool = True, final_norm: bool = True) -> None:
+    def __init__(self, target_config, num_layers: int, first_input_norm: bool = True, final_norm: bool = True,
+                 overrides: dict | None = None) -> None:
         super().__init__()
         from transformers import AutoModel
 
         cfg = copy.deepcopy(target_config)
         cfg.num_hidden_layers = num_layers
+        for key, value in (overrides or {}).items():
+            # A released draft may differ from its target (EAGLE's Vicuna-33B draft declares 13 kv heads):
+            # official loaders take these sizes from the draft's own config.json.
+            if key == "rope_theta" and isinstance(getattr(cfg, "rope_parameters", None), dict):
+                cfg.rope_parameters = {**cfg.rope_parameters, "rope_theta": value}
+            else:
+                setattr(cfg, key, value)
+        if overrides and "num_attention_heads" in overrides and hasattr(cfg, "head_dim"):
+            cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
         if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
             cfg.layer_types = list(cfg.layer_types)[:num_layers]
         base = AutoModel.from_config(cfg)

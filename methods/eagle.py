@@ -31,8 +31,8 @@ EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0
 class EagleCore(LearnedDrafter):
     """fc + decoder layers on (token, feature) pairs, with a draft KV cache of committed context."""
 
-    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True}
-    arch_keys = ("layers", "fc_bias")
+    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None}
+    arch_keys = ("layers", "fc_bias", "layer_config")
     first_input_norm = False
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -40,7 +40,7 @@ class EagleCore(LearnedDrafter):
         h = target.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=self.config["fc_bias"])
         self.stack = DecoderStack(target.config, self.config["layers"], first_input_norm=self.first_input_norm,
-                                  final_norm=False)
+                                  final_norm=False, overrides=self.config["layer_config"])
         self.to(device=target.device)
         self._cache = None
         self._last: torch.Tensor | None = None   # draft output at the last committed position
@@ -135,10 +135,28 @@ class EagleCore(LearnedDrafter):
             raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
         mapped = cls.map_official(state)
         layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
-        arch = {"layers": layers, "fc_bias": "fc.bias" in mapped}
+        arch = {"layers": layers, "fc_bias": "fc.bias" in mapped, "layer_config": draft_layer_config(cfg, target)}
         drafter = cls(target, {**arch, **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter
+
+
+LAYER_FIELDS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                "hidden_act")
+
+
+def draft_layer_config(draft_cfg: dict, target) -> dict | None:
+    """Fields of a released draft's config.json that differ from the target's (None when none do)."""
+    tc = target.config
+    out = {}
+    for key in LAYER_FIELDS:
+        if key not in draft_cfg:
+            continue
+        have = (tc.rope_parameters or {}).get("rope_theta") if key == "rope_theta" and hasattr(tc, "rope_parameters") \
+            else getattr(tc, key, None)
+        if draft_cfg[key] != have:
+            out[key] = draft_cfg[key]
+    return out or None
 
 
 def _read_state(folder) -> dict[str, torch.Tensor]:

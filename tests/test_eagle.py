@@ -93,6 +93,18 @@ def test_official_layout_loads(tiny_target, tmp_path, bias, emb):
         Eagle.from_pretrained(tmp_path, tiny_target)
 
 
+def test_official_draft_config_sizes_win_over_the_targets(tiny_target, tmp_path):
+    # A released draft may declare other layer sizes than its target (EAGLE's Vicuna-33B config does).
+    st = _official_state(i=176, nkv=4)
+    torch.save(st, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "intermediate_size": 176, "num_key_value_heads": 4}')
+    d = Eagle.from_pretrained(tmp_path, tiny_target)
+    assert d.config["layer_config"] == {"intermediate_size": 176, "num_key_value_heads": 4}
+    assert torch.equal(d.stack.layers[0].mlp.up_proj.weight, st["layers.0.mlp.up_proj.weight"])
+    d.eval()
+    assert d.propose(_begin(d, tiny_target, [1, 2, 3])).size == 25
+
+
 def test_vicuna7b_sizes_on_meta_device():
     d = vicuna7b_meta(Eagle, EagleCore.__init__)
     keys = set(d.state_dict())
