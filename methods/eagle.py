@@ -31,8 +31,8 @@ EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0
 class EagleCore(LearnedDrafter):
     """fc + decoder layers on (token, feature) pairs, with a draft KV cache of committed context."""
 
-    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None}
-    arch_keys = ("layers", "fc_bias", "layer_config")
+    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1}
+    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps")
     first_input_norm = False
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -96,17 +96,65 @@ class EagleCore(LearnedDrafter):
     # ---- training -------------------------------------------------------------------------
     def serial_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """SmoothL1(h_{i+1}, f_{i+1}) + 0.1 soft-CE against the target's distribution, on pairs
-        (f_i noised, t_{i+1}) where t_{i+1} is an answer token. Returns (h, terms); h[:, i] ~ f_{i+1}."""
-        f_in = batch.features[:, :-1]
-        toks = batch.input_ids[:, 1:]
-        target = batch.target_features[:, 1:]
-        mask = (batch.loss_mask * batch.attention_mask)[:, 1:]
+        (f_i noised, t_{i+1}) where t_{i+1} is an answer token. Returns (h, terms); h[:, i] ~ f_{i+1}.
+
+        With `rollout_steps` k > 1 (EAGLE-3's "training-time test"), steps 2..k feed the draft's
+        own predicted features forward as inference does: the chain starting at pair j sees the
+        true context up to j and its own earlier steps, never later true features; step s is
+        scored against f_{j+s} with weight 0.8^(s-1)."""
+        full_mask = batch.loss_mask * batch.attention_mask
+        outs = self.rollout(batch.features, batch.input_ids)
+        total = batch.features.new_zeros(())
+        out: dict[str, torch.Tensor] = {}
+        for step, h in enumerate(outs, start=1):
+            n = h.shape[1]
+            target = batch.target_features[:, step : step + n]
+            mask = full_mask[:, step : step + n]
+            v = masked_smooth_l1(h, target, mask)
+            p, acc = frozen_head_ce(h, self.target.lm_head.weight, mask, target_hidden=target)
+            total = total + 0.8 ** (step - 1) * (v + 0.1 * p)
+            sfx = "" if step == 1 else str(step)
+            out.update({f"vloss{sfx}": v.detach(), f"ploss{sfx}": p.detach(), f"acc{sfx}": acc.detach()})
+        out["loss"] = total
+        return outs[0], out
+
+    def rollout(self, features: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Draft outputs per unrolled step: step s for the chain starting at pair j predicts f_{j+s}."""
+        f_in = features[:, :-1]
         b, t, _ = f_in.shape
-        pos = torch.arange(t, device=f_in.device)[None].expand(b, t)
-        h = self.stack(self.fuse(toks, f_in), pos)
-        v = masked_smooth_l1(h, target, mask)
-        p, acc = frozen_head_ce(h, self.target.lm_head.weight, mask, target_hidden=target)
-        return h, {"loss": v + 0.1 * p, "vloss": v.detach(), "ploss": p.detach(), "acc": acc.detach()}
+        x0 = self.fuse(input_ids[:, 1:], f_in)
+        pos0 = torch.arange(t, device=f_in.device)
+        outs = [self.stack(x0, pos0[None].expand(b, t))]
+        blocks, positions = [x0], [pos0]
+        for step in range(2, self.config["rollout_steps"] + 1):
+            n = t - (step - 1)
+            if n <= 0:
+                break
+            blocks.append(self.fuse(input_ids[:, step : step + n], outs[-1][:, :n]))
+            positions.append(torch.arange(n, device=f_in.device) + step - 1)
+            x = torch.cat(blocks, dim=1)
+            pos = torch.cat(positions)[None].expand(b, -1)
+            h = self.stack(x, pos, mask=self._rollout_mask([blk.shape[1] for blk in blocks], f_in.device))
+            outs.append(h[:, -n:])
+        return outs
+
+    @staticmethod
+    def _rollout_mask(lengths: list[int], device) -> torch.Tensor:
+        """Boolean [1, 1, Q, Q] over concatenated step blocks: block 0 (true pairs) is causal; a
+        query of step block s for chain j sees true pairs <= j and chain j's own step blocks <= s."""
+        q = sum(lengths)
+        m = torch.zeros(q, q, dtype=torch.bool, device=device)
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        t = lengths[0]
+        m[:t, :t] = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        for s in range(1, len(lengths)):
+            n = lengths[s]
+            rows = starts[s] + torch.arange(n, device=device)
+            m[rows[:, None], torch.arange(t, device=device)[None]] = (
+                torch.arange(t, device=device)[None] <= torch.arange(n, device=device)[:, None])
+            for s2 in range(1, s + 1):
+                m[rows, starts[s2] + torch.arange(n, device=device)] = True
+        return m[None, None]
 
     def loss(self, batch) -> dict[str, torch.Tensor]:
         return self.serial_loss(batch)[1]

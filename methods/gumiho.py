@@ -54,7 +54,7 @@ class Gumiho(EagleCore):
     name = "gumiho"
     default_lr = 1e-3
     defaults: dict[str, Any] = {
-        "layers": 2, "fc_bias": True, "layer_config": None, "mlp_heads": 5, "mlp_blocks": 5,
+        "layers": 2, "fc_bias": True, "layer_config": None, "rollout_steps": 1, "mlp_heads": 5, "mlp_blocks": 5,
         "mlp_ce_from_epoch": 2,   # the official schedule switches the MLP CE on after 2 epochs
         # CPU defaults (official eval: 14 / 6 / 35 / 35 / 64): a 32-token verify costs ~1.3x a
         # step here in bf16, so the budget matches EAGLE-2's CPU default of 32 tokens.
@@ -62,7 +62,7 @@ class Gumiho(EagleCore):
         "fta": "exact", "mlp_row_alignment": "parent", "serial_sibling_mask": "eagle2",
         "preset": "default",
     }
-    arch_keys = ("layers", "fc_bias", "layer_config", "mlp_heads", "mlp_blocks")
+    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "mlp_heads", "mlp_blocks")
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -110,3 +110,32 @@ def test_vicuna7b_sizes_on_meta_device():
     keys = set(d.state_dict())
     assert len(keys) + 1 == 11  # + the embedding copy the released files carry
     assert d.num_parameters() == 235_937_792
+
+
+def test_rollout_steps_match_inference(tiny_target):
+    """Step s of the unrolled training forward equals what inference computes: the true context up
+    to the chain start on the draft cache, then the draft's own features fed forward."""
+    from harness.kvcache import KVCache
+
+    torch.manual_seed(0)
+    d = Eagle(tiny_target, {"rollout_steps": 3})
+    d.eval()
+    T, H = 9, tiny_target.hidden_size
+    feats = torch.randn(1, T, H)
+    ids = torch.randint(0, tiny_target.vocab_size, (1, T))
+    outs = d.rollout(feats, ids)
+    assert [o.shape[1] for o in outs] == [T - 1, T - 2, T - 3]
+    for j in (0, 3, 5):
+        d._cache = KVCache(1)
+        # true pairs 0..j: (f_i, t_{i+1})
+        h = d.draft_forward(ids[0, 1 : j + 2], feats[0, : j + 1], torch.arange(j + 1))[-1]
+        for step in (2, 3):
+            pos = torch.tensor([j + step - 1])
+            h = d.draft_forward(ids[0, j + step : j + step + 1], h[None], pos)[-1]
+            assert torch.allclose(h, outs[step - 1][0, j], atol=1e-4), (j, step)
+
+
+def test_rollout_loss_trains(tiny_target, tmp_path):
+    d = Eagle(tiny_target, {"rollout_steps": 3})
+    res = train_quickly(d, tiny_dataset(tiny_target, n=32), tmp_path, steps=20)
+    assert "val_acc3" in res and res["val_loss"] == res["val_loss"]  # finite
