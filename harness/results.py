@@ -17,7 +17,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import metadata

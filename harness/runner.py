@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
@@ -21,7 +20,7 @@ from harness.benchmarks import Question, load_questions, resolve_data_dir, verif
 from harness.decode import Generation, GenerationConfig, generate
 from harness.errors import SpecbenchError
 from harness.metrics import AR_METHOD, attach_divergences, write_summary
-from harness.results import RunDir, collect_meta, config_hash, default_run_dir, load_average_warning, record_key
+from harness.results import RunDir, config_hash, default_run_dir, load_average_warning, record_key
 from harness.target import Target, check_target_spec
 from harness.verify import Sampling, default_rule
 

@@ -162,6 +162,10 @@ class StaticTree:
         self.ranks = [c[-1] for c in self.nodes]
         self.max_depth = max(self.depths, default=0)
         self.topk = max(self.ranks, default=-1) + 1
+        # node id (0 = root) -> ids of its children; drafters walk this every step
+        self.children: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            self.children.setdefault(p, []).append(i + 1)
 
     @classmethod
     def named(cls, name_or_choices) -> "StaticTree":

@@ -18,8 +18,10 @@ import torch
 from torch import nn
 
 from harness.draft_layers import DecoderStack
+from harness.errors import SpecbenchError
 from harness.train.losses import frozen_head_ce, masked_smooth_l1
 from harness.tree import DraftTree, StaticTree
+from harness.verify import processed_probs
 from methods.base import LearnedDrafter
 
 # EAGLE-1's own "mc_sim_7b_63" (SafeAILab/EAGLE, eagle/model/choices.py): 25 nodes, depth 5.
@@ -178,8 +180,6 @@ class EagleCore(LearnedDrafter):
         state = _read_state(folder)
         cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
         if cfg.get("hidden_size", target.hidden_size) != target.hidden_size:
-            from harness.errors import SpecbenchError
-
             raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
         mapped = cls.map_official(state)
         layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
@@ -221,8 +221,6 @@ def _read_state(folder) -> dict[str, torch.Tensor]:
         return state
     bins = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))
     if not bins:
-        from harness.errors import SpecbenchError
-
         raise SpecbenchError(f"{folder} holds no weights (*.safetensors, pytorch_model.bin)")
     state = {}
     for f in bins:
@@ -236,9 +234,13 @@ class Eagle(EagleCore):
     name = "eagle"
     defaults = {**EagleCore.defaults, "tree": EAGLE1_TREE}
 
+    def __init__(self, target, config: dict[str, Any] | None = None) -> None:
+        super().__init__(target, config)
+        self.tree = StaticTree.named(self.config["tree"])
+
     @torch.inference_mode()
     def propose(self, ctx) -> DraftTree:
-        tree = StaticTree.named(self.config["tree"])
+        tree = self.tree
         depth = min(tree.max_depth, ctx.max_nodes - 1)
         if depth < 1:
             return DraftTree.root_only(ctx.root)
@@ -250,10 +252,7 @@ class Eagle(EagleCore):
         ancestors = {0: []}                 # our node index -> its cached tree rows
         row_of: dict[int, int] = {}         # our node index -> its row among cached tree rows
         hidden_of = {0: self._last}         # node -> draft output predicting its children
-        children: dict[int, list[int]] = {}
-        for i, p in enumerate(tree.parents):
-            if tree.depths[i] <= depth:
-                children.setdefault(p, []).append(i + 1)
+        children = tree.children  # the depth loop below never expands past `depth`
         frontier, n_rows = [0], 0
         for d in range(depth):
             expand = [n for n in frontier if n in children]
@@ -281,8 +280,6 @@ class Eagle(EagleCore):
                 if sampled:
                     # Children drawn without replacement from the draft distribution q; the
                     # verifier needs q (lossless multi-draft rejection sampling).
-                    from harness.verify import processed_probs
-
                     q = processed_probs(logp, ctx.sampling.temperature, ctx.sampling.top_p)
                     top = torch.multinomial(q, min(k, int((q > 0).sum())), replacement=False,
                                             generator=ctx.generator).tolist()

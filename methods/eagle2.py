@@ -33,6 +33,31 @@ def rerank(scores: torch.Tensor, parents: list[int], keep: int) -> list[int]:
     return out
 
 
+def kept_nodes(keep: list[int], toks: list[int], parents: list[int], scores: list[float],
+               max_nodes: int) -> list[dict]:
+    """Reranked candidates as nodes {tok, parent (node index, -1 = root), score, depth}, dropping
+    those deeper than the answer's remaining token budget (and so their descendants)."""
+    index: dict[int, int] = {}
+    nodes: list[dict] = []
+    for c in keep:
+        par = parents[c]
+        if par != -1 and par not in index:
+            continue  # its parent was cut by the depth limit below
+        depth = 1 if par == -1 else nodes[index[par]]["depth"] + 1
+        if depth > max_nodes - 1:
+            continue
+        index[c] = len(nodes)
+        nodes.append({"tok": toks[c], "parent": -1 if par == -1 else index[par], "score": scores[c], "depth": depth})
+    return nodes
+
+
+def build_tree(root: int, nodes: list[dict]) -> DraftTree:
+    tokens = [root] + [n["tok"] for n in nodes]
+    parents = [-1] + [n["parent"] + 1 for n in nodes]
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents),
+                     scores=torch.tensor([0.0] + [n["score"] for n in nodes]))
+
+
 class Eagle2(EagleCore):
     """EAGLE-2: EAGLE's draft head with the dynamic (beam + rerank) tree."""
 
@@ -86,20 +111,4 @@ class Eagle2(EagleCore):
         self._cache.crop_to(committed)
         self.last_pool_size = len(cand_tok)  # k + depth * k^2 (tests check it)
         keep = rerank(torch.tensor(cand_score), cand_parent, self.config["total_tokens"] - 1)
-        return self._tree(ctx.root, keep, cand_tok, cand_parent, ctx.max_nodes)
-
-    @staticmethod
-    def _tree(root: int, keep: list[int], toks: list[int], parents: list[int], max_nodes: int) -> DraftTree:
-        index = {-1: 0}
-        tokens, par, depth = [root], [-1], {-1: 0}
-        for c in keep:
-            if parents[c] not in index:
-                continue  # its parent was cut by the depth limit below
-            d = depth[parents[c]] + 1
-            if d > max_nodes - 1:
-                continue  # the answer's token budget would end before this depth
-            depth[c] = d
-            index[c] = len(tokens)
-            tokens.append(toks[c])
-            par.append(index[parents[c]])
-        return DraftTree(torch.tensor(tokens), torch.tensor(par))
+        return build_tree(ctx.root, kept_nodes(keep, cand_tok, cand_parent, cand_score, ctx.max_nodes))

@@ -30,7 +30,7 @@ from torch import nn
 from harness.train.losses import frozen_head_ce, masked_smooth_l1
 from harness.tree import DraftTree
 from methods.eagle import EagleCore
-from methods.eagle2 import rerank
+from methods.eagle2 import build_tree, kept_nodes, rerank
 from methods.medusa import ResBlock
 
 PAPER_PRESET = {"top_k": 14, "depth": 6, "mlp_topk": 35, "pruning": 35, "total_tokens": 64, "fta": "paper",
@@ -193,29 +193,13 @@ class Gumiho(EagleCore):
         # 5. Rerank to the budget, then full tree attention.
         budget = cfg["total_tokens"] - 1
         keep = rerank(torch.tensor(cand_score), cand_parent, budget)
-        tree_nodes = self._to_nodes(keep, cand_tok, cand_parent, cand_score, ctx.max_nodes)
+        tree_nodes = kept_nodes(keep, cand_tok, cand_parent, cand_score, ctx.max_nodes)
         if cfg["fta"] == "exact":
             tree_nodes = fta_exact(tree_nodes, budget)
         tree = build_tree(ctx.root, tree_nodes)
         if cfg["fta"] == "paper":
             tree = fta_paper(tree)
         return tree
-
-    @staticmethod
-    def _to_nodes(keep, toks, parents, scores, max_nodes) -> list[dict]:
-        """Kept candidates as nodes {tok, parent (node index, -1 = root), score, depth}."""
-        index, nodes = {}, []
-        for c in keep:
-            par = parents[c]
-            if par != -1 and par not in index:
-                continue
-            depth = 1 if par == -1 else nodes[index[par]]["depth"] + 1
-            if depth > max_nodes - 1:
-                continue
-            index[c] = len(nodes)
-            nodes.append({"tok": toks[c], "parent": -1 if par == -1 else index[par], "score": scores[c],
-                          "depth": depth})
-        return nodes
 
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod
@@ -235,13 +219,6 @@ class Gumiho(EagleCore):
         drafter = cls(target, {"layers": layers, "mlp_heads": heads, "mlp_blocks": blocks, **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter
-
-
-def build_tree(root: int, nodes: list[dict]) -> DraftTree:
-    tokens = [root] + [n["tok"] for n in nodes]
-    parents = [-1] + [n["parent"] + 1 for n in nodes]
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents),
-                     scores=torch.tensor([0.0] + [n["score"] for n in nodes]))
 
 
 def _trunk(nodes: list[dict]) -> dict[int, int]:

@@ -123,9 +123,7 @@ class Hydra(LearnedDrafter):
         states = {0: root_state}
         tokens, parents = [ctx.root], [-1]
         index = {0: 0}
-        children: dict[int, list[int]] = {}
-        for i, p in enumerate(tree.parents):
-            children.setdefault(p, []).append(i + 1)
+        children = tree.children
         frontier = [0]
         for d in range(depth):
             expand = [n for n in frontier if n in children]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.decode import DraftContext, GenerationConfig, generate
+from harness.decode import DraftContext
 from harness.verify import Sampling
 from methods.eagle import Eagle, EagleCore
 from methods.eagle2 import Eagle2
-from tests.train_helpers import vicuna7b_meta, assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly
+from tests.train_helpers import vicuna7b_meta, assert_greedy_exact, tiny_dataset, train_quickly
 
 
 @pytest.fixture(scope="module")

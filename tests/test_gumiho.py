@@ -50,7 +50,7 @@ def test_fta_exact_never_attends_outside_ancestors():
              {"tok": 3, "parent": 0, "score": -0.3, "depth": 2}, {"tok": 4, "parent": 2, "score": -0.5, "depth": 3},
              {"tok": 5, "parent": 3, "score": -0.7, "depth": 4}]
     out = fta_exact(nodes, budget=20)
-    from methods.gumiho import build_tree
+    from methods.eagle2 import build_tree
 
     tree = build_tree(0, out)
     assert torch.equal(tree.attention_mask, tree.ancestor_mask) and not tree.extra_mask

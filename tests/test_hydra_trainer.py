@@ -4,13 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.decode import GenerationConfig, generate
 from harness.train.data import DistillBatch
 from harness.train.losses import frozen_head_ce
 from harness.train.trainer import TrainConfig, Trainer
 from methods.hydra import Hydra
 from methods.medusa import Medusa
-from tests.train_helpers import assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly
+from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly
 
 
 @pytest.fixture(scope="module")

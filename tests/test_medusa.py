@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.decode import GenerationConfig, generate
 from harness.train.data import DistillBatch
 from harness.tree import StaticTree
 from methods.medusa import Medusa, static_tree_proposal
-from tests.train_helpers import assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly
+from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly
 
 
 def test_static_tree_buffers_for_a_small_choices_list():

@@ -21,8 +21,8 @@ from harness.target import cache_root
 from harness.train.distill import decode_ids, read_prompts
 
 
-def feature_dir(target, distill_dir: Path) -> Path:
-    manifest = json.loads((distill_dir / "manifest.json").read_text())
+def feature_dir(target, distill_dir: Path, manifest: dict | None = None) -> Path:
+    manifest = manifest or json.loads((distill_dir / "manifest.json").read_text())
     dt = str(target.dtype).replace("torch.", "")
     return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}"
 
@@ -47,7 +47,7 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
     manifest = json.loads((distill_dir / "manifest.json").read_text())
     if manifest.get("vocab_hash") != target.vocab_hash():
         raise SpecbenchError(f"{distill_dir} was distilled with another tokenizer than target '{target.name}'")
-    out = feature_dir(target, distill_dir)
+    out = feature_dir(target, distill_dir, manifest)
     out.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts(prompts_file)
     shards = sorted(distill_dir.glob("shard-*.jsonl"))
