@@ -19,7 +19,7 @@ from torch import nn
 
 from harness.draft_layers import DecoderStack
 from harness.errors import SpecbenchError
-from harness.train.losses import frozen_head_ce, masked_smooth_l1
+from harness.train.losses import masked_smooth_l1
 from harness.tree import DraftTree, StaticTree
 from harness.verify import processed_probs
 from methods.base import LearnedDrafter
@@ -33,8 +33,10 @@ EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0
 class EagleCore(LearnedDrafter):
     """fc + decoder layers on (token, feature) pairs, with a draft KV cache of committed context."""
 
-    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1}
-    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps")
+    # draft_vocab: see LearnedDrafter (0 = the full target vocab, as the released checkpoints).
+    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1,
+                                "draft_vocab": 8192}
+    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab")
     first_input_norm = False
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -63,7 +65,7 @@ class EagleCore(LearnedDrafter):
         return self.stack(x, positions[None], self._cache, m)[0]
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.target.project(hidden.to(self.target.dtype)).float().log_softmax(-1)
+        return self.draft_logits(hidden).float().log_softmax(-1)
 
     # ---- decoding state -------------------------------------------------------------------
     @torch.inference_mode()
@@ -113,7 +115,7 @@ class EagleCore(LearnedDrafter):
             target = batch.target_features[:, step : step + n]
             mask = full_mask[:, step : step + n]
             v = masked_smooth_l1(h, target, mask)
-            p, acc = frozen_head_ce(h, self.target.lm_head.weight, mask, target_hidden=target)
+            p, acc = self.head_ce(h, mask, target_hidden=target)
             total = total + 0.8 ** (step - 1) * (v + 0.1 * p)
             sfx = "" if step == 1 else str(step)
             out.update({f"vloss{sfx}": v.detach(), f"ploss{sfx}": p.detach(), f"acc{sfx}": acc.detach()})
@@ -183,7 +185,8 @@ class EagleCore(LearnedDrafter):
             raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
         mapped = cls.map_official(state)
         layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
-        arch = {"layers": layers, "fc_bias": "fc.bias" in mapped, "layer_config": draft_layer_config(cfg, target)}
+        arch = {"layers": layers, "fc_bias": "fc.bias" in mapped, "layer_config": draft_layer_config(cfg, target),
+                "draft_vocab": 0}
         drafter = cls(target, {**arch, **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.train.losses import frozen_head_ce, masked_smooth_l1
+from harness.train.losses import masked_smooth_l1
 from harness.tree import DraftTree
 from methods.eagle import EagleCore
 from methods.eagle2 import build_tree, kept_nodes, rerank
@@ -54,7 +54,8 @@ class Gumiho(EagleCore):
     name = "gumiho"
     default_lr = 1e-3
     defaults: dict[str, Any] = {
-        "layers": 2, "fc_bias": True, "layer_config": None, "rollout_steps": 1, "mlp_heads": 5, "mlp_blocks": 5,
+        "layers": 2, "fc_bias": True, "layer_config": None, "rollout_steps": 1, "draft_vocab": 8192,
+        "mlp_heads": 5, "mlp_blocks": 5,
         "mlp_ce_from_epoch": 2,   # the official schedule switches the MLP CE on after 2 epochs
         # CPU defaults (official eval: 14 / 6 / 35 / 35 / 64): a 32-token verify costs ~1.3x a
         # step here in bf16, so the budget matches EAGLE-2's CPU default of 32 tokens.
@@ -62,7 +63,7 @@ class Gumiho(EagleCore):
         "fta": "exact", "mlp_row_alignment": "parent", "serial_sibling_mask": "eagle2",
         "preset": "default",
     }
-    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "mlp_heads", "mlp_blocks")
+    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab", "mlp_heads", "mlp_blocks")
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +126,7 @@ class Gumiho(EagleCore):
                 msk = full_mask[:, off : off + m]
                 pk = pred[:, :m, k]
                 vk = masked_smooth_l1(pk, tgt, msk)
-                ck, ak = frozen_head_ce(pk, self.target.lm_head.weight, msk, target_hidden=tgt)
+                ck, ak = self.head_ce(pk, msk, target_hidden=tgt)
                 w = 0.8 ** (k + 1)
                 total = total + w * vk / norm + ce_on * w * ck / norm
                 out[f"mlp{k}_acc"] = ak.detach()
@@ -216,7 +217,8 @@ class Gumiho(EagleCore):
         layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
         heads = 1 + max(int(k.split(".")[1]) for k in mapped if k.startswith("mlp."))
         blocks = max(int(k.split(".")[2]) for k in mapped if k.startswith("mlp."))
-        drafter = cls(target, {"layers": layers, "mlp_heads": heads, "mlp_blocks": blocks, **overrides})
+        drafter = cls(target, {"layers": layers, "mlp_heads": heads, "mlp_blocks": blocks, "draft_vocab": 0,
+                               **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter
 

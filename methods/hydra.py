@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from harness.draft_layers import DecoderStack
-from harness.train.losses import frozen_head_ce
 from harness.tree import DraftTree, StaticTree
 from methods.base import LearnedDrafter
 from methods.medusa import ResBlock
@@ -62,8 +61,9 @@ class Hydra(LearnedDrafter):
         "share_lm_head": True,
         "dropout": 0.2,
         "tree": "cpu_15",  # as Medusa's default; `--set tree=mc_sim_7b_63` for the official tree
+        "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
     }
-    arch_keys = ("heads", "layers", "share_lm_head")
+    arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
     default_lr = 5e-4
     input_noise = False
 
@@ -87,10 +87,13 @@ class Hydra(LearnedDrafter):
     def _dtype(self) -> torch.dtype:
         return self.hydra_head[0].body[1].linear.weight.dtype
 
+    def uses_target_head(self) -> bool:
+        return bool(self.config["share_lm_head"])
+
     def _logits(self, i: int, h: torch.Tensor) -> torch.Tensor:
         head = self.hydra_head[i]
         if head.proj is None:
-            return self.target.project(h.to(self.target.dtype))
+            return self.draft_logits(h)
         return head.proj(h)
 
     def _emb(self, ids: torch.Tensor) -> torch.Tensor:
@@ -170,7 +173,8 @@ class Hydra(LearnedDrafter):
         heads = 1 + max(int(k.split(".")[1]) for k in mapped if k.startswith("hydra_head."))
         layers = (1 + max(int(k.split(".")[3]) for k in mapped if ".body." in k)) // 2
         share = not any(".proj." in k for k in mapped)
-        drafter = cls(target, {"heads": heads, "layers": layers, "share_lm_head": share, **overrides})
+        drafter = cls(target, {"heads": heads, "layers": layers, "share_lm_head": share, "draft_vocab": 0,
+                               **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter
 
@@ -196,7 +200,7 @@ class Hydra(LearnedDrafter):
             teacher = batch.target_features[:, i + 1 : i + 1 + n]
             mask = valid[:, off:]
             if self.hydra_head[i].proj is None:
-                ce, acc = frozen_head_ce(hidden, self.target.lm_head.weight, mask, target_hidden=teacher)
+                ce, acc = self.head_ce(hidden, mask, target_hidden=teacher)
             else:
                 logq = self.hydra_head[i].proj(hidden).float().log_softmax(-1)
                 p = self.target.project(teacher.to(self.target.dtype)).float().softmax(-1)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.train.losses import frozen_head_ce
 from harness.tree import DraftTree, StaticTree
 from methods.base import LearnedDrafter
 
@@ -56,8 +55,9 @@ class Medusa(LearnedDrafter):
         # ~1.2x a step against ~1.6x for 64 tokens; heads trained on ~1 M tokens rarely make
         # depth 4 pay). The official tree is `--set tree=mc_sim_7b_63`.
         "tree": "cpu_15",
+        "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
     }
-    arch_keys = ("heads", "layers", "share_lm_head")
+    arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
     input_noise = False  # the Medusa recipe adds no feature noise
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -76,6 +76,9 @@ class Medusa(LearnedDrafter):
         self.to(device=target.device)  # float32 master weights; load_weights casts for inference
         self.feature: torch.Tensor | None = None
 
+    def uses_target_head(self) -> bool:
+        return bool(self.config["share_lm_head"])
+
     def head_hidden(self, k: int, f: torch.Tensor) -> torch.Tensor:
         """Head k's output before any vocab projection."""
         blocks = self.medusa_head[k]
@@ -87,7 +90,7 @@ class Medusa(LearnedDrafter):
     def head_logits(self, k: int, f: torch.Tensor) -> torch.Tensor:
         h = self.head_hidden(k, f)
         if self.config["share_lm_head"]:
-            return self.target.project(h.to(self.target.dtype))
+            return self.draft_logits(h)
         return self.medusa_head[k][self.config["layers"]](h)
 
     # ---- decoding -------------------------------------------------------------------------
@@ -117,7 +120,8 @@ class Medusa(LearnedDrafter):
         heads = 1 + max(int(k.split(".")[1]) for k in state)
         layers = max(int(k.split(".")[2]) for k in state)
         arch = {"heads": heads, "layers": layers, "share_lm_head": not any(k.endswith(f".{layers}.weight")
-                                                                            for k in state)}
+                                                                            for k in state),
+                "draft_vocab": 0}
         if arch["share_lm_head"]:  # a legacy file holds ResBlocks only
             arch["layers"] = layers + 1
         drafter = cls(target, {**arch, **overrides})
@@ -140,7 +144,7 @@ class Medusa(LearnedDrafter):
             labels = ids[:, off:]
             mask = valid[:, off:]
             if self.config["share_lm_head"]:
-                ce, acc = frozen_head_ce(pred, self.target.lm_head.weight, mask, labels=labels)
+                ce, acc = self.head_ce(pred, mask, labels=labels)
             else:
                 logits = self.medusa_head[k][self.config["layers"]](pred).float()
                 per = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")

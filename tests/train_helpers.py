@@ -59,7 +59,8 @@ def assert_tree_logits_match_paths(target, prefix: torch.Tensor, tree, atol: flo
 
 
 def vicuna7b_meta(cls, init=None):
-    """`cls` built at Vicuna-7B sizes on the meta device (no memory), for parameter/key counts."""
+    """`cls` built at Vicuna-7B sizes on the meta device (no memory), for parameter/key counts
+    (full vocab, as the released checkpoints: no draft vocabulary)."""
     from types import SimpleNamespace
 
     from transformers import LlamaConfig
@@ -71,5 +72,5 @@ def vicuna7b_meta(cls, init=None):
                                name="vicuna-7b", dtype=torch.float16,
                                lm_head=torch.nn.Linear(4096, 32000, bias=False))
         d = cls.__new__(cls)
-        (init or cls.__init__)(d, fake)
+        (init or (lambda d, t: cls.__init__(d, t, {"draft_vocab": 0})))(d, fake)
     return d

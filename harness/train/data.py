@@ -60,6 +60,19 @@ class FeatureDataset:
         return sum(len(s.ids) - s.prompt_len for s in self.train)
 
 
+def frequent_answer_tokens(seqs: list[Sequence], n: int, vocab_size: int) -> torch.Tensor:
+    """The `n` ids most frequent among answer tokens (ties: more frequent in prompts, then the
+    lower id), sorted: a drafter's draft vocabulary, a function of the training split alone."""
+    answer = torch.zeros(vocab_size, dtype=torch.long)
+    prompt = torch.zeros(vocab_size, dtype=torch.long)
+    for s in seqs:
+        answer += torch.bincount(s.ids[s.prompt_len:], minlength=vocab_size)
+        prompt += torch.bincount(s.ids[: s.prompt_len], minlength=vocab_size)
+    ids = torch.arange(vocab_size)
+    key = answer * (prompt.max() + 1) * vocab_size + prompt * vocab_size + (vocab_size - 1 - ids)
+    return key.topk(n).indices.sort().values
+
+
 def collate(seqs: list[Sequence], max_len: int) -> DistillBatch:
     width = min(max_len, max(len(s.ids) for s in seqs))
     h = seqs[0].hidden.shape[-1]

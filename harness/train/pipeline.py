@@ -40,6 +40,10 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
         feats = extract_features(target, data, prompts, progress=progress)
     dataset = FeatureDataset(load_feature_shards(feats))
     drafter = cls(target, overrides)
+    if drafter.draft_vocab_size:
+        from harness.train.data import frequent_answer_tokens
+
+        drafter.set_draft_vocab(frequent_answer_tokens(dataset.train, drafter.draft_vocab_size, target.vocab_size))
     out = out or REPO_ROOT / "checkpoints" / target.name / cls.checkpoint_name(config)
     cfg = TrainConfig(steps=steps, lr=lr if lr is not None else cls.default_lr, tokens_per_batch=tokens_per_batch,
                       max_len=max_len, autocast=autocast)

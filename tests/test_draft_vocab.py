@@ -1,0 +1,79 @@
+"""The draft vocabulary: draft logits over the most frequent answer tokens only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.train.data import Sequence, frequent_answer_tokens
+from harness.train.losses import frozen_head_ce
+from methods.eagle import Eagle
+from methods.eagle2 import Eagle2
+from methods.medusa import Medusa
+from tests.conftest import make_tiny_target
+from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly
+
+
+def test_frequent_answer_tokens_ranks_answers_then_prompts_then_ids():
+    seqs = [Sequence(torch.tensor([7, 7, 7, 1, 1, 5, 5, 2]), torch.zeros(8, 4), prompt_len=3),
+            Sequence(torch.tensor([2, 5, 2]), torch.zeros(3, 4), prompt_len=1)]
+    # answers: 5 x3, 2 x2, 1 x2 (2 is also in a prompt, 1 is not), 7 only in prompts
+    assert frequent_answer_tokens(seqs, 2, 10).tolist() == [2, 5]
+    assert frequent_answer_tokens(seqs, 3, 10).tolist() == [1, 2, 5]
+    assert frequent_answer_tokens(seqs, 4, 10).tolist() == [1, 2, 5, 7]
+    assert frequent_answer_tokens(seqs, 5, 10).tolist() == [0, 1, 2, 5, 7]  # then the lowest unseen id
+
+
+def test_inactive_when_it_would_cover_the_whole_vocab(tiny_target):
+    assert Eagle(tiny_target, {"draft_vocab": 0}).draft_vocab_size == 0
+    assert Eagle(tiny_target, {"draft_vocab": tiny_target.vocab_size}).draft_vocab_size == 0
+    assert Medusa(tiny_target, {"draft_vocab": 8, "share_lm_head": False}).draft_vocab_size == 0
+    assert Medusa(tiny_target, {"draft_vocab": 8}).draft_vocab_size == 8
+
+
+def test_logits_and_loss_are_restricted(tiny_target):
+    d = Eagle(tiny_target, {"draft_vocab": 10})
+    ids = torch.tensor([3, 90, 11, 40, 2, 77, 5, 60, 61, 9])
+    d.set_draft_vocab(ids)
+    h = torch.randn(4, tiny_target.hidden_size)
+    z = d.draft_logits(h)
+    full = tiny_target.project(h)
+    inside = torch.zeros(tiny_target.vocab_size, dtype=torch.bool)
+    inside[ids] = True
+    assert torch.equal(z[:, inside], full[:, inside]) and bool(torch.isneginf(z[:, ~inside]).all())
+    # Soft targets: the teacher renormalised over the draft vocab.
+    teacher = torch.randn(4, tiny_target.hidden_size)
+    mask = torch.ones(4)
+    loss, _ = d.head_ce(h, mask, target_hidden=teacher)
+    w = tiny_target.lm_head.weight[ids.sort().values]
+    p = (teacher @ w.T).softmax(-1)
+    ref = -(p * (h @ w.T).log_softmax(-1)).sum(-1).mean()
+    assert torch.allclose(loss, ref, atol=1e-5)
+    # Hard labels outside the draft vocab are masked, the others map to draft indices.
+    labels = torch.tensor([3, 4, 90, 6])
+    loss, _ = d.head_ce(h, mask, labels=labels)
+    ref, _ = frozen_head_ce(h[[0, 2]], w, torch.ones(2), labels=torch.tensor([1, 9]))  # sorted ids: 3 is index 1
+    assert torch.allclose(loss, ref, atol=1e-6)
+
+
+def test_ids_survive_a_bf16_checkpoint_exactly(tmp_path):
+    target = make_tiny_target(vocab=700)  # ids above 256 are not representable in bf16
+    d = Eagle(target, {"draft_vocab": 50})
+    ids = torch.arange(301, 701, 8)[:50]
+    d.set_draft_vocab(ids)
+    d.save_pretrained(tmp_path)
+    loaded = Eagle.from_pretrained(tmp_path, target)
+    assert torch.equal(loaded.draft_ids, ids)
+    h = torch.randn(2, target.hidden_size)
+    assert bool(torch.isneginf(loaded.draft_logits(h)[:, :301]).all())
+
+
+@pytest.mark.parametrize("cls", [Eagle, Eagle2])
+def test_greedy_stays_exact_with_a_draft_vocab(tiny_target, tmp_path, cls):
+    data = tiny_dataset(tiny_target)
+    d = Eagle(tiny_target, {"draft_vocab": 48})
+    d.set_draft_vocab(frequent_answer_tokens(data.train, 48, tiny_target.vocab_size))
+    train_quickly(d, data, tmp_path)
+    d.save_pretrained(tmp_path / "ckpt")
+    drafter = cls.from_pretrained(tmp_path / "ckpt", tiny_target)
+    assert drafter.draft_vocab_size == 48
+    assert_greedy_exact(tiny_target, drafter, seed=21)
