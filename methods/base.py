@@ -116,8 +116,9 @@ class LearnedDrafter(Drafter):
         self._head_cache: tuple | None = None
 
     def uses_target_head(self) -> bool:
-        """Whether draft logits come from the target's frozen LM head (where a draft vocab applies)."""
-        return True
+        """Whether draft logits come from the target's frozen LM head (where a draft vocab applies):
+        always, unless a method's `share_lm_head` is off (Medusa/Hydra heads with their own projection)."""
+        return bool(self.config.get("share_lm_head", True))
 
     @property
     def draft_vocab_size(self) -> int:

@@ -54,7 +54,7 @@ class Gumiho(EagleCore):
     name = "gumiho"
     default_lr = 1e-3
     defaults: dict[str, Any] = {
-        "layers": 2, "fc_bias": True, "layer_config": None, "rollout_steps": 1, "draft_vocab": 8192,
+        **EagleCore.defaults, "layers": 2,
         "mlp_heads": 5, "mlp_blocks": 5,
         "mlp_ce_from_epoch": 2,   # the official schedule switches the MLP CE on after 2 epochs
         # CPU defaults (official eval: 14 / 6 / 35 / 35 / 64): a 32-token verify costs ~1.3x a
@@ -63,7 +63,7 @@ class Gumiho(EagleCore):
         "fta": "exact", "mlp_row_alignment": "parent", "serial_sibling_mask": "eagle2",
         "preset": "default",
     }
-    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab", "mlp_heads", "mlp_blocks")
+    arch_keys = EagleCore.arch_keys + ("mlp_heads", "mlp_blocks")
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -87,9 +87,6 @@ class Hydra(LearnedDrafter):
     def _dtype(self) -> torch.dtype:
         return self.hydra_head[0].body[1].linear.weight.dtype
 
-    def uses_target_head(self) -> bool:
-        return bool(self.config["share_lm_head"])
-
     def _logits(self, i: int, h: torch.Tensor) -> torch.Tensor:
         head = self.hydra_head[i]
         if head.proj is None:

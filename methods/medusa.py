@@ -76,9 +76,6 @@ class Medusa(LearnedDrafter):
         self.to(device=target.device)  # float32 master weights; load_weights casts for inference
         self.feature: torch.Tensor | None = None
 
-    def uses_target_head(self) -> bool:
-        return bool(self.config["share_lm_head"])
-
     def head_hidden(self, k: int, f: torch.Tensor) -> torch.Tensor:
         """Head k's output before any vocab projection."""
         blocks = self.medusa_head[k]
