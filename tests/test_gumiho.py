@@ -89,7 +89,7 @@ def test_loss_offsets_on_hand_made_tensors(tiny_target):
         ref_v += 0.8 ** (k + 1) * sum(per) / len(per) / 9.0
     serial_v = torch.nn.functional.smooth_l1_loss(h, feats[0, 1:], reduction="none").mean(-1).mean()
     assert abs(float(out["vloss"]) - float(serial_v.detach())) < 1e-4
-    mlp_part = float(out["loss"]) - float(out["vloss"]) - 0.1 * float(out["ploss"])
+    mlp_part = out["loss"].detach().item() - float(out["vloss"]) - 0.1 * float(out["ploss"])
     mlp_ce = mlp_part - ref_v
     assert mlp_ce > 0  # CE weight is on (epoch 0 >= mlp_ce_from_epoch 0)
     d.config["mlp_ce_from_epoch"] = 99  # before the switch: only the feature losses count
