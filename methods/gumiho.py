@@ -68,6 +68,10 @@ class Gumiho(EagleCore):
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
         cfg = super().resolve_config(overrides)
+        if "depth" not in overrides:
+            # One serial expansion, then the MLP levels (official: 5 heads, depth 6), so that an
+            # `ablate --set mlp_heads=3,5,7` sweep changes the heads and not the serial depth.
+            cfg["depth"] = cfg["mlp_heads"] + 1
         if cfg["preset"] == "paper":
             cfg.update({k: v for k, v in PAPER_PRESET.items() if k not in overrides})
         elif cfg["preset"] != "default":
