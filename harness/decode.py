@@ -13,7 +13,7 @@ import torch
 from harness.errors import SpecbenchError
 from harness.target import Target
 from harness.tree import DraftTree
-from harness.verify import Sampling, Verdict, processed_probs, sample, verify
+from harness.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Generation:
 
 def _pick(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     if sampling.temperature == 0:
-        return int(logits_row.argmax())
+        return int(greedy_tokens(logits_row))
     return sample(processed_probs(logits_row, sampling.temperature, sampling.top_p), generator)
 
 

@@ -92,8 +92,14 @@ def verify(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
     return verify_typical(tree, logits, sampling, generator)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the last dim, first index on ties (as `argmax`). `max().indices` because a
+    bf16 `argmax` over a 49k vocab is ~4.7x slower on CPU (11.8 vs 2.5 ms for 32 rows here)."""
+    return logits.max(-1).indices
+
+
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
-    top = logits.argmax(-1).tolist()
+    top = greedy_tokens(logits).tolist()
     tokens = tree.tokens.tolist()
     node, path = 0, [0]
     while True:

@@ -156,6 +156,18 @@ class LearnedDrafter(Drafter):
         out = z.new_full((*z.shape[:-1], self.target.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.draft_ids, z)
 
+    def draft_topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, target token ids) of the k best draft tokens per row: the same values as
+        `draft_logits(...).log_softmax(-1).topk(k)`, computed over the draft vocab only, so no
+        full-vocab row is built, normalised or searched (the greedy tree drafters' hot path)."""
+        h = hidden.to(self.target.dtype)
+        if not self.draft_vocab_size:
+            top = self.target.project(h).float().log_softmax(-1).topk(k)
+            return top.values, top.indices
+        w, b, _ = self._head()
+        top = torch.nn.functional.linear(h, w, b).float().log_softmax(-1).topk(k)
+        return top.values, self.draft_ids[top.indices]
+
     def head_ce(self, pred: torch.Tensor, mask: torch.Tensor, *, target_hidden: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`frozen_head_ce` through the frozen LM head restricted to the draft vocab: soft targets

@@ -274,21 +274,24 @@ class Eagle(EagleCore):
                 n_rows += len(ours)
             nxt = []
             # One LM-head projection for every node expanded at this depth.
-            logps = self.logp(torch.stack([hidden_of[index[n]] for n in expand]))
+            rows = torch.stack([hidden_of[index[n]] for n in expand])
+            if sampled:
+                logps = self.logp(rows)
+            else:
+                top_ids = self.draft_topk(rows, max(tree.ranks) + 1)[1].tolist()
             for row, n in enumerate(expand):
                 o = index[n]
-                logp = logps[row]
                 kids = children[n]
                 k = max(tree.ranks[c - 1] for c in kids) + 1
                 if sampled:
                     # Children drawn without replacement from the draft distribution q; the
                     # verifier needs q (lossless multi-draft rejection sampling).
-                    q = processed_probs(logp, ctx.sampling.temperature, ctx.sampling.top_p)
+                    q = processed_probs(logps[row], ctx.sampling.temperature, ctx.sampling.top_p)
                     top = torch.multinomial(q, min(k, int((q > 0).sum())), replacement=False,
                                             generator=ctx.generator).tolist()
                     q_rows[o] = q
                 else:
-                    top = logp.topk(k).indices.tolist()
+                    top = top_ids[row][:k]
                 for c in kids:
                     r = tree.ranks[c - 1]
                     if r >= len(top):

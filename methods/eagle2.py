@@ -80,10 +80,9 @@ class Eagle2(EagleCore):
         dev = self.target.device
         committed = self._cache.length
         # Candidate pool: token, cumulative score, parent candidate (-1 = root), cached tree row.
-        logp = self.logp(self._last)
-        top = logp.topk(k)
-        cand_tok = top.indices.tolist()
-        cand_score = top.values.tolist()
+        top_score, top_tok = self.draft_topk(self._last, k)
+        cand_tok = top_tok.tolist()
+        cand_score = top_score.tolist()
         cand_parent = [-1] * k
         beam = list(range(k))                  # candidate ids of the current beam
         beam_feat = self._last.expand(k, -1)   # output of each beam's parent
@@ -97,14 +96,12 @@ class Eagle2(EagleCore):
             for j, c in enumerate(beam):
                 anc_rows[c] = anc_rows[cand_parent[c]] + [n_rows + j]
             n_rows += len(beam)
-            child = self.logp(out).topk(k)                               # [beams, k]
-            cu = torch.tensor([cand_score[c] for c in beam])[:, None] + child.values.cpu()
+            child_score, child_tok = self.draft_topk(out, k)            # [beams, k]
+            cu = torch.tensor([cand_score[c] for c in beam])[:, None] + child_score.cpu()
             first = len(cand_tok)
-            for j, c in enumerate(beam):
-                for r in range(k):
-                    cand_tok.append(int(child.indices[j, r]))
-                    cand_score.append(float(cu[j, r]))
-                    cand_parent.append(c)
+            cand_tok.extend(child_tok.flatten().tolist())
+            cand_score.extend(cu.flatten().tolist())
+            cand_parent.extend(c for c in beam for _ in range(k))
             best = torch.topk(cu.flatten(), min(k, cu.numel())).indices.tolist()
             beam = [first + b for b in best]
             beam_feat = out[[b // k for b in best]]

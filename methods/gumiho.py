@@ -145,8 +145,8 @@ class Gumiho(EagleCore):
         dev = self.target.device
         committed = self._cache.length
         # 1. Root pass output -> depth-1 candidates (the first beam).
-        top = self.logp(self._last).topk(k)
-        d1_tok, d1_score = top.indices, top.values.cpu()
+        d1_score, d1_tok = self.draft_topk(self._last, k)
+        d1_score = d1_score.cpu()
         cand_tok = d1_tok.tolist()
         cand_score = d1_score.tolist()
         cand_parent = [-1] * k
@@ -159,11 +159,11 @@ class Gumiho(EagleCore):
         feats1 = self._last.expand(k, -1)
         out1 = self.draft_forward(d1_tok, feats1, torch.full((k,), committed, device=dev), mask)
         self._cache.crop_to(committed)
-        child = self.logp(out1).topk(k)
-        cu = d1_score[:, None] + child.values.cpu()
+        child_score, child_tok = self.draft_topk(out1, k)
+        cu = d1_score[:, None] + child_score.cpu()
         best = torch.topk(cu.flatten(), k).indices
         d2_parent = (best // k).tolist()                     # index into the depth-1 beam
-        d2_tok = child.indices.flatten()[best.to(dev)]
+        d2_tok = child_tok.flatten()[best.to(dev)]
         d2_ids = []
         for j, b in enumerate(best.tolist()):
             d2_ids.append(len(cand_tok))
@@ -174,22 +174,22 @@ class Gumiho(EagleCore):
         u2 = self.fuse(d2_tok, out1[d2_parent])
         slot1 = d2_parent if cfg["mlp_row_alignment"] == "parent" else list(range(k))
         u1 = self.fuse(d1_tok[slot1], feats1[slot1])
-        logp_mlp = self.logp(self.run_mlp(torch.cat([u1, u2], dim=-1)))   # [k, heads, V]
+        mlp_score, mlp_tok = self.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1)), cfg["mlp_topk"])  # [k, heads, m]
         # 4. Per MLP level, beams extend by their row's head distribution; global pruning.
         beams = [(c, r, cand_score[c]) for r, c in enumerate(d2_ids)]    # (cand id, row, score)
         for lvl in range(cfg["mlp_heads"]):
             if not beams:
                 break
             rows = torch.tensor([r for _, r, _ in beams])
-            tk = logp_mlp[rows, lvl].topk(cfg["mlp_topk"])
-            scores = torch.tensor([s for _, _, s in beams])[:, None] + tk.values.cpu()
+            tk_tok = mlp_tok[rows, lvl].tolist()
+            scores = torch.tensor([s for _, _, s in beams])[:, None] + mlp_score[rows, lvl].cpu()
             pick = torch.topk(scores.flatten(), min(cfg["pruning"], scores.numel())).indices.tolist()
             nxt = []
             for p in pick:
                 bi, ci = divmod(p, cfg["mlp_topk"])
                 parent, row, _ = beams[bi]
                 cid = len(cand_tok)
-                cand_tok.append(int(tk.indices[bi, ci]))
+                cand_tok.append(tk_tok[bi][ci])
                 cand_score.append(float(scores[bi, ci]))
                 cand_parent.append(parent)
                 nxt.append((cid, row, cand_score[cid]))
