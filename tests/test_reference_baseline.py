@@ -1,23 +1,31 @@
-"""τ regression check of the committed reference drafters against the committed baseline.
+"""τ regression and exactness check of the committed reference drafters.
 
 Greedy τ in float32 on a CPU is deterministic, so a drop means the drafter, the tree or the
-verifier changed. Drafters whose reference weights are committed are added to the baseline
-(`results/baselines/`) as they land; `pld` needs none.
+verifier changed. Every drafter whose reference weights are committed under
+`checkpoints/smollm2-135m/` is in the baseline (`results/baselines/`); `pld` needs none. The same
+run also proves greedy exactness with the real weights: no answer may differ from AR's.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from harness.metrics import attach_divergences
 from harness.regress import check
+from harness.results import RunDir
 from harness.runner import RunConfig, Runner
 
-BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "smollm2-135m-pld-float32.json"
+BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "smollm2-135m-reference-float32.json"
 
 
-def test_reference_tau_has_not_dropped(smollm2_fp32, shared_data, tmp_path):
+def test_reference_tau_has_not_dropped_and_outputs_equal_ar(smollm2_fp32, shared_data, tmp_path):
+    methods = sorted(json.loads(BASELINE.read_text())["provenance"]["checkpoints"])
     # The same settings as the command that wrote the baseline (see its "source" and README).
-    cfg = RunConfig(methods=["pld"], benchmarks=["mt_bench", "gsm8k"], target="smollm2-135m", dtype="float32",
+    cfg = RunConfig(methods=methods, benchmarks=["mt_bench", "gsm8k"], target="smollm2-135m", dtype="float32",
                     device="cpu", limit=2, max_new_tokens=32)
-    Runner(cfg, tmp_path / "run", shared_data, target=smollm2_fp32).run()
+    run = Runner(cfg, tmp_path / "run", shared_data, target=smollm2_fp32).run()
     verdict = check(tmp_path / "run", BASELINE)
     assert verdict.exit_code == 0, verdict.failed
+    diverged = [(r["method"], r["benchmark"], r["question_id"], r["turn"])
+                for r in attach_divergences(RunDir(run).records()) if r.get("divergence")]
+    assert not diverged, f"answers that differ from AR in float32: {diverged}"
