@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import SpecbenchError
-from harness.metrics import AR_METHOD, _dedupe, _prompt_key, _tokens_and_steps, per_depth_acceptance
+from harness.metrics import (AR_METHOD, _dedupe, _prompt_key, _tokens_and_steps, attach_divergences,
+                             per_depth_acceptance)
 from harness.results import RunDir
 from harness.verify import LOSSY_RULES
 
@@ -148,7 +149,7 @@ def load_run(path: Path) -> RunData:
     if not rd.records_path.exists():
         raise SpecbenchError(f"{path} has no records.jsonl: not a run directory")
     meta = rd.read_meta() or {}
-    records = _dedupe(rd.records())
+    records = attach_divergences(_dedupe(rd.records()))
     if not records:
         raise SpecbenchError(f"{rd.records_path} holds no records yet")
     config = meta.get("config", {})
@@ -330,6 +331,10 @@ def cost_frame(run: RunData) -> pd.DataFrame:
             "tree_size": per(tree), "tau": tokens / steps if steps else math.nan,
             "prefill_ms_per_answer": prefill_ms / len(recs) if recs else math.nan,
             "draft_parameters": run.parameters.get(row.config_hash, 0),
+            # Greedy answers whose output differs from AR's (first divergence, not inherited
+            # from an earlier turn); at T > 0 outputs are samples and are not compared.
+            "mismatches": (sum(bool(r.get("divergence")) and not r["divergence"].get("inherited", False)
+                               for r in recs) if row.temperature == 0 and row.method != AR_METHOD else math.nan),
         })
     return pd.DataFrame(lines).round({"draft_ms_per_step": 3, "verify_ms_per_step": 3, "other_ms_per_step": 3,
                                       "tree_size": 3, "tau": 4, "prefill_ms_per_answer": 2})
@@ -491,17 +496,21 @@ def _label(rec: dict) -> str:
 
 
 def cost_text(frame: pd.DataFrame, kind: str) -> str:
-    header = ["Method", "Draft ms/step", "Verify ms/step", "Other ms/step", "Tree size", "τ", "Draft params"]
+    header = ["Method", "Draft ms/step", "Verify ms/step", "Other ms/step", "Tree size", "τ", "Draft params",
+              "≠ AR"]
 
     def render(rec: dict) -> list[str]:
+        mism = rec.get("mismatches", math.nan)
         return [_label(rec), _num(rec["draft_ms_per_step"]), _num(rec["verify_ms_per_step"]),
                 _num(rec["other_ms_per_step"]), _num(rec["tree_size"], 1), _num(rec["tau"]),
-                _params(int(rec["draft_parameters"]))]
+                _params(int(rec["draft_parameters"])),
+                "–" if mism is None or not np.isfinite(mism) else f"{int(mism)}/{int(rec['answers'])}"]
 
-    text = _grouped(frame, render, header, "lrrrrrr", kind)
+    text = _grouped(frame, render, header, "lrrrrrrr", kind)
     if kind == "md":
         text += ("Per verify step, pooled over benchmarks; other = wall - prefill - draft - verify "
-                 "(sampling, cache updates, bookkeeping). Tree size: draft tokens verified per step.\n")
+                 "(sampling, cache updates, bookkeeping). Tree size: draft tokens verified per step. "
+                 "≠ AR: greedy answers that differ from AR's.\n")
     return text
 
 
