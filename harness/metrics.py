@@ -153,10 +153,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             speedup = _ratio(tps, ar_tps)
         else:
             tps, ar_tps, speedup = _throughput(recs), math.nan, math.nan
-        diverged = [
-            r["divergence"] for r in recs
-            if r.get("divergence") and not r["divergence"].get("inherited", False)
-        ]
+        diverged = own_divergences(recs)
         rows.append({
             "method": method,
             "benchmark": benchmark,
@@ -258,6 +255,13 @@ def first_divergence(
         "near_tie": token_choice and is_near_tie(top1, gap),
         "inherited": bool(inherited),
     }
+
+
+def own_divergences(records: list[dict]) -> list[dict]:
+    """The `divergence` of each record that left AR's output by itself (not `inherited` from an
+    earlier turn that already differed); records need `attach_divergences` first."""
+    return [r["divergence"] for r in records
+            if r.get("divergence") and not r["divergence"].get("inherited", False)]
 
 
 def attach_divergences(records: list[dict]) -> list[dict]:

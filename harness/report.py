@@ -34,7 +34,7 @@ import pandas as pd
 
 from harness.errors import SpecbenchError
 from harness.metrics import (AR_METHOD, _dedupe, _prompt_key, _tokens_and_steps, attach_divergences,
-                             per_depth_acceptance)
+                             own_divergences, per_depth_acceptance)
 from harness.results import RunDir
 from harness.verify import LOSSY_RULES
 
@@ -331,10 +331,9 @@ def cost_frame(run: RunData) -> pd.DataFrame:
             "tree_size": per(tree), "tau": tokens / steps if steps else math.nan,
             "prefill_ms_per_answer": prefill_ms / len(recs) if recs else math.nan,
             "draft_parameters": run.parameters.get(row.config_hash, 0),
-            # Greedy answers whose output differs from AR's (first divergence, not inherited
-            # from an earlier turn); at T > 0 outputs are samples and are not compared.
-            "mismatches": (sum(bool(r.get("divergence")) and not r["divergence"].get("inherited", False)
-                               for r in recs) if row.temperature == 0 and row.method != AR_METHOD else math.nan),
+            # Greedy answers that left AR's output themselves; at T > 0 outputs are samples.
+            "mismatches": (len(own_divergences(recs)) if row.temperature == 0 and row.method != AR_METHOD
+                           else math.nan),
         })
     return pd.DataFrame(lines).round({"draft_ms_per_step": 3, "verify_ms_per_step": 3, "other_ms_per_step": 3,
                                       "tree_size": 3, "tau": 4, "prefill_ms_per_answer": 2})

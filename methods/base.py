@@ -145,14 +145,21 @@ class LearnedDrafter(Drafter):
                                 None if bias is None else bias.detach().index_select(0, ids), t2d)
         return self._head_cache[1:]
 
-    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the full target vocab from the frozen LM head; ids outside the draft
-        vocab get -inf, so top-k, softmax and sampling never pick them."""
+    def _vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Frozen-LM-head logits over the draft vocab (column j is target id draft_ids[j]), or
+        over the full vocab when there is no draft vocab."""
         h = hidden.to(self.target.dtype)
         if not self.draft_vocab_size:
             return self.target.project(h)
         w, b, _ = self._head()
-        z = torch.nn.functional.linear(h, w, b)
+        return torch.nn.functional.linear(h, w, b)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the full target vocab from the frozen LM head; ids outside the draft
+        vocab get -inf, so top-k, softmax and sampling never pick them."""
+        z = self._vocab_logits(hidden)
+        if not self.draft_vocab_size:
+            return z
         out = z.new_full((*z.shape[:-1], self.target.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.draft_ids, z)
 
@@ -160,13 +167,9 @@ class LearnedDrafter(Drafter):
         """(log-probs, target token ids) of the k best draft tokens per row: the same values as
         `draft_logits(...).log_softmax(-1).topk(k)`, computed over the draft vocab only, so no
         full-vocab row is built, normalised or searched (the greedy tree drafters' hot path)."""
-        h = hidden.to(self.target.dtype)
-        if not self.draft_vocab_size:
-            top = self.target.project(h).float().log_softmax(-1).topk(k)
-            return top.values, top.indices
-        w, b, _ = self._head()
-        top = torch.nn.functional.linear(h, w, b).float().log_softmax(-1).topk(k)
-        return top.values, self.draft_ids[top.indices]
+        top = self._vocab_logits(hidden).float().log_softmax(-1).topk(k)
+        ids = self.draft_ids[top.indices] if self.draft_vocab_size else top.indices
+        return top.values, ids
 
     def head_ce(self, pred: torch.Tensor, mask: torch.Tensor, *, target_hidden: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -174,7 +174,8 @@ class Gumiho(EagleCore):
         u2 = self.fuse(d2_tok, out1[d2_parent])
         slot1 = d2_parent if cfg["mlp_row_alignment"] == "parent" else list(range(k))
         u1 = self.fuse(d1_tok[slot1], feats1[slot1])
-        mlp_score, mlp_tok = self.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1)), cfg["mlp_topk"])  # [k, heads, m]
+        # [k, heads, mlp_topk] scores and token ids, one projection for every head
+        mlp_score, mlp_tok = self.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1)), cfg["mlp_topk"])
         # 4. Per MLP level, beams extend by their row's head distribution; global pruning.
         beams = [(c, r, cand_score[c]) for r, c in enumerate(d2_ids)]    # (cand id, row, score)
         for lvl in range(cfg["mlp_heads"]):
