@@ -422,6 +422,8 @@ def train(
     device: str = typer.Option("auto"),
     autocast: str = typer.Option("auto", help="auto | bf16 | off"),
     out: Optional[Path] = typer.Option(None, help="default checkpoints/<target>/<method>[-<arch hash>]"),
+    init_from: Optional[Path] = typer.Option(None, help="warm-start from this finished checkpoint (same architecture): "
+                                             "a new schedule cycle, its steps counted in the total"),
     threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
     """Train a drafter on the shared distilled data (features are extracted and cached first). Resumes."""
@@ -439,7 +441,7 @@ def train(
     tgt = Target.load(target, device, dtype)
     result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
-                          console=err)
+                          init_from=init_from, console=err)
     console.print_json(data=result)
 
 

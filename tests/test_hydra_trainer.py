@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.errors import SpecbenchError
 from harness.train.data import DistillBatch
 from harness.train.losses import frozen_head_ce
 from harness.train.trainer import TrainConfig, Trainer
@@ -91,3 +92,28 @@ def test_interrupted_training_resumes_exactly(tiny_target, tiny_data, tmp_path, 
     t2.train()
     for (k, a), b in zip(ref.state_dict().items(), d2.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), k
+
+
+def test_warm_start_loads_the_checkpoint_and_counts_its_steps(tiny_target, tiny_data, tmp_path):
+    from safetensors.torch import load_file
+
+    from harness.train.pipeline import warm_start
+
+    cfg = TrainConfig(steps=4, lr=3e-3, warmup=1, tokens_per_batch=512, max_len=64, eval_every=100, autocast="off")
+    torch.manual_seed(2)
+    Trainer(Medusa(tiny_target, {"heads": 2}), tiny_data, cfg, tmp_path / "stage1").train()
+
+    torch.manual_seed(3)
+    d = Medusa(tiny_target, {"heads": 2})
+    prior = warm_start(d, tmp_path / "stage1", d.config)
+    assert prior["steps"] == 4 and prior["path"] == str(tmp_path / "stage1")
+    saved = load_file(str(tmp_path / "stage1" / "model.safetensors"))
+    for k, v in saved.items():
+        assert torch.equal(d.state_dict()[k], v.to(d.state_dict()[k].dtype)), k
+    summary = Trainer(d, tiny_data, cfg, tmp_path / "stage2", prior=prior).train()
+    assert summary["steps"] == 4 and summary["total_steps"] == 8 and summary["init_from"]["steps"] == 4
+
+    with pytest.raises(SpecbenchError, match="same architecture"):
+        warm_start(Medusa(tiny_target, {"heads": 3}), tmp_path / "stage1", Medusa.resolve_config({"heads": 3}))
+    with pytest.raises(SpecbenchError, match="no config.json"):
+        warm_start(d, tmp_path / "nowhere", d.config)

@@ -19,9 +19,11 @@ DEFAULT_PROMPTS = Path("../shared/data/train_prompts/prompts.jsonl")
 def train_method(target, method: str, overrides: dict[str, Any], *, steps: int = 1500, lr: float | None = None,
                  data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
                  max_len: int = 1024, autocast: str = "auto", out: Path | None = None,
-                 console: Console | None = None) -> dict[str, Any]:
+                 init_from: Path | None = None, console: Console | None = None) -> dict[str, Any]:
     """Train `method` with `overrides` for `steps` optimiser steps; returns the training summary
-    (resumes from `out` when a run was interrupted)."""
+    (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
+    checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
+    the summary counts the earlier steps so the total budget stays traceable."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
     from harness.train.trainer import TrainConfig, Trainer
@@ -45,9 +47,40 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
 
         drafter.set_draft_vocab(frequent_answer_tokens(dataset.train, drafter.draft_vocab_size, target.vocab_size))
     out = out or REPO_ROOT / "checkpoints" / target.name / cls.checkpoint_name(config)
+    prior = warm_start(drafter, Path(init_from), config) if init_from else None
     cfg = TrainConfig(steps=steps, lr=lr if lr is not None else cls.default_lr, tokens_per_batch=tokens_per_batch,
                       max_len=max_len, autocast=autocast)
     console.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
                   f"answer tokens for {steps} steps; checkpoints in {out}")
-    result = Trainer(drafter, dataset, cfg, out, console).train()
+    result = Trainer(drafter, dataset, cfg, out, console, prior=prior).train()
     return {**result, "out": str(out)}
+
+
+def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Load a finished specbench checkpoint of the same method and architecture into `drafter`
+    (float32 master weights); returns what the trainer records about it."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    meta_path = folder / "config.json"
+    if not meta_path.exists():
+        raise SpecbenchError(f"--init-from {folder}: no config.json there; point it at a trained specbench checkpoint")
+    meta = json.loads(meta_path.read_text())
+    want = drafter.weights_from or drafter.name
+    arch = {k: config[k] for k in drafter.arch_keys}
+    if meta.get("method") != want or meta.get("arch") != arch:
+        raise SpecbenchError(f"--init-from {folder} holds '{meta.get('method')}' {meta.get('arch')}, "
+                             f"not '{want}' {arch}: warm-start only from the same architecture")
+    if meta.get("vocab_hash") != drafter.target.vocab_hash():
+        raise SpecbenchError(f"--init-from {folder} was trained for another tokenizer than '{drafter.target.name}'")
+    state = load_file(str(folder / "model.safetensors"))
+    own = drafter.state_dict()
+    missing = sorted(set(own) - set(state) - {k for k in own if k.startswith("target.")})
+    if missing or set(state) - set(own):
+        raise SpecbenchError(f"--init-from {folder}: weights do not fit '{drafter.name}' (missing {missing[:3]})")
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+    training = meta.get("training") or {}
+    return {"path": str(folder), "steps": int(training.get("total_steps", training.get("steps", 0))),
+            "seconds": float(training.get("total_seconds", training.get("seconds", 0.0)))}

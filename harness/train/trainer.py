@@ -51,8 +51,9 @@ def _use_bf16(mode: str, device: torch.device) -> bool:
 
 class Trainer:
     def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, prior: dict | None = None) -> None:
         self.drafter = drafter
+        self.prior = prior  # the warm start's checkpoint {path, steps, seconds}, if any
         self.data = data
         self.cfg = cfg
         self.out = Path(out)
@@ -105,8 +106,12 @@ class Trainer:
         return True
 
     def summary(self) -> dict:
-        return {"steps": self.step, "target_steps": self.cfg.steps, "seconds": round(self.seconds, 1),
-                "train_tokens": self.data.train_tokens, "config": asdict(self.cfg), "bf16_autocast": self.bf16}
+        out = {"steps": self.step, "target_steps": self.cfg.steps, "seconds": round(self.seconds, 1),
+               "train_tokens": self.data.train_tokens, "config": asdict(self.cfg), "bf16_autocast": self.bf16}
+        if self.prior:
+            out.update(init_from=self.prior, total_steps=self.prior["steps"] + self.step,
+                       total_seconds=round(self.prior["seconds"] + self.seconds, 1))
+        return out
 
     # ------------------------------------------------------------------ loop
     def _noised(self, batch):
@@ -179,6 +184,8 @@ class Trainer:
                                         losses=" ".join(f"{k} {v:.3f}" for k, v in shown.items()))
                         row = {"step": self.step, "epoch": self.epoch, "lr": self.sched.get_last_lr()[0],
                                "tokens": batch.tokens, "seconds": round(self.seconds, 2), **shown}
+                        if self.prior:  # a warm start's log continues its checkpoint's step count
+                            row["total_step"] = self.prior["steps"] + self.step
                         if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
                             row.update(self.evaluate())
                         self._log(row)
