@@ -106,12 +106,16 @@ def test_warm_start_loads_the_checkpoint_and_counts_its_steps(tiny_target, tiny_
     torch.manual_seed(3)
     d = Medusa(tiny_target, {"heads": 2})
     prior = warm_start(d, tmp_path / "stage1", d.config)
-    assert prior["steps"] == 4 and prior["path"] == str(tmp_path / "stage1")
+    assert prior["steps"] == 4 and prior["path"] == str(tmp_path / "stage1") and prior["epochs"] >= 1
     saved = load_file(str(tmp_path / "stage1" / "model.safetensors"))
     for k, v in saved.items():
         assert torch.equal(d.state_dict()[k], v.to(d.state_dict()[k].dtype)), k
-    summary = Trainer(d, tiny_data, cfg, tmp_path / "stage2", prior=prior).train()
+    stage2 = Trainer(d, tiny_data, cfg, tmp_path / "stage2", prior=prior)
+    summary = stage2.train()
     assert summary["steps"] == 4 and summary["total_steps"] == 8 and summary["init_from"]["steps"] == 4
+    assert summary["total_epochs"] == prior["epochs"] + summary["epochs"]
+    # epoch-scheduled loss terms (Gumiho's MLP CE) see the checkpoint's passes as well
+    assert d.train_epoch == stage2.epoch + prior["epochs"]
 
     with pytest.raises(SpecbenchError, match="same architecture"):
         warm_start(Medusa(tiny_target, {"heads": 3}), tmp_path / "stage1", Medusa.resolve_config({"heads": 3}))

@@ -58,7 +58,8 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     """Load a finished specbench checkpoint of the same method and architecture into `drafter`
-    (float32 master weights); returns what the trainer records about it."""
+    (float32 master weights); returns what the trainer records about it: its steps, seconds and
+    the data passes it began, which epoch-scheduled loss terms (Gumiho's MLP CE) continue from."""
     import json
 
     import torch
@@ -82,5 +83,10 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
         raise SpecbenchError(f"--init-from {folder}: weights do not fit '{drafter.name}' (missing {missing[:3]})")
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
     training = meta.get("training") or {}
+    epochs = training.get("total_epochs", training.get("epochs"))
+    if epochs is None:  # checkpoints written before the summary counted epochs: read the log
+        log = folder / "train_log.jsonl"
+        rows = log.read_text().splitlines() if log.exists() else []
+        epochs = json.loads(rows[-1])["epoch"] + 1 if rows else 0
     return {"path": str(folder), "steps": int(training.get("total_steps", training.get("steps", 0))),
-            "seconds": float(training.get("total_seconds", training.get("seconds", 0.0)))}
+            "seconds": float(training.get("total_seconds", training.get("seconds", 0.0))), "epochs": int(epochs)}

@@ -106,11 +106,14 @@ class Trainer:
         return True
 
     def summary(self) -> dict:
+        epochs = self.epoch + (1 if self.batch_in_epoch else 0)  # data passes begun
         out = {"steps": self.step, "target_steps": self.cfg.steps, "seconds": round(self.seconds, 1),
-               "train_tokens": self.data.train_tokens, "config": asdict(self.cfg), "bf16_autocast": self.bf16}
+               "epochs": epochs, "train_tokens": self.data.train_tokens, "config": asdict(self.cfg),
+               "bf16_autocast": self.bf16}
         if self.prior:
             out.update(init_from=self.prior, total_steps=self.prior["steps"] + self.step,
-                       total_seconds=round(self.prior["seconds"] + self.seconds, 1))
+                       total_seconds=round(self.prior["seconds"] + self.seconds, 1),
+                       total_epochs=self.prior.get("epochs", 0) + epochs)
         return out
 
     # ------------------------------------------------------------------ loop
@@ -127,7 +130,8 @@ class Trainer:
         return batch
 
     def _loss(self, batch) -> dict[str, torch.Tensor]:
-        self.drafter.train_epoch = self.epoch  # for epoch-scheduled loss terms (Gumiho's MLP CE)
+        # Epoch-scheduled loss terms (Gumiho's MLP CE) count the passes of a warm start's checkpoint too.
+        self.drafter.train_epoch = self.epoch + (self.prior or {}).get("epochs", 0)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             return self.drafter.loss(batch)
 
