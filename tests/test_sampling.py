@@ -288,7 +288,9 @@ def verify_biased(kind: str):
     """A variant of recursive rejection sampling with one deliberate bug:
     'no-residual': after a rejection the rejected mass is not removed (the next sibling and the
                    bonus see the unmodified target law);
-    'over-accept': drafts are accepted with probability min(1, 1.5 * p(x) / q(x))."""
+    'over-accept': drafts are accepted with probability min(1, 1.5 * p(x) / q(x));
+    'raw-bonus':   the official EAGLE bug: when the whole path is accepted, the bonus token is drawn
+                   from the leaf's raw logits, skipping the temperature/top-p processor."""
     def rule(tree, logits, temperature, top_p, generator):
         tokens = tree.tokens.tolist()
         node, path = 0, [0]
@@ -316,6 +318,8 @@ def verify_biased(kind: str):
                     q[x] = 0.0
                     q = q / q.sum()
             if chosen is None:
+                if kind == "raw-bonus" and not kids:
+                    p = torch.softmax(logits[node].float(), -1)
                 return Verdict(path, sample(p, generator))
             node = chosen
             path.append(node)
@@ -328,7 +332,9 @@ def verify_biased(kind: str):
     ("no-residual", False, 1.0, 1.0),  # the case the issue names: point-mass drafts at T = 1
     ("over-accept", False, 1.0, 1.0),  # a wrong acceptance probability rather than a wrong residual
     ("no-residual", True, 0.7, 0.8),   # the draft-distribution branch (residual max(0, p - q)), with top-p
-], ids=["no-residual-point-mass-T1", "over-accept-point-mass-T1", "no-residual-sampled-q-T0.7-top-p0.8"])
+    ("raw-bonus", False, 0.7, 0.8),    # issue 5: the official last-bonus token skips temperature/top-p
+], ids=["no-residual-point-mass-T1", "over-accept-point-mass-T1", "no-residual-sampled-q-T0.7-top-p0.8",
+        "raw-bonus-point-mass-T0.7-top-p0.8"])
 def test_biased_rule_is_rejected(target, ar_logits, monkeypatch, kind, sampled, temperature, top_p):
     # The same statistic, samples and seeds as the fair case, with the rule swapped: `generate` calls
     # harness.verify.verify, which looks verify_lossless up by module-global name.
@@ -337,5 +343,33 @@ def test_biased_rule_is_rejected(target, ar_logits, monkeypatch, kind, sampled, 
     counts, joint, events, impossible = run_case(target, ar_logits, temperature, top_p, sampled, seed)
     stat, df, p = pooled_chi2(counts, joint)
     print(f"biased {kind} T={temperature} top_p={top_p} sampled={sampled}: chi2={stat:.1f} df={df} p={p:.3g}")
+    if kind == "raw-bonus":  # untruncated bonus draws land outside top-p: caught either way
+        assert impossible > 0 or p < ALPHA_BIASED, f"the test failed to catch '{kind}': p={p:.3g}"
+        return
     assert impossible == 0
     assert p < ALPHA_BIASED, f"the test failed to catch the '{kind}' bias: chi2={stat:.1f}, df={df}, p={p:.3g}"
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
+def test_eagle2_tree_sampling_matches_exact_ar_law(target, ar_logits, temperature, top_p):
+    """The same check with a real EAGLE-2 drafter: its dynamic tree (beam + rerank, point-mass
+    drafts) verified by the recursive rejection rule must leave the AR law of the first 3 tokens
+    untouched. Random draft weights still propose plausible tokens on a 6-token vocabulary, and the
+    accepted-draft count guards against a vacuous pass."""
+    from methods.eagle2 import Eagle2
+
+    torch.manual_seed(7)
+    drafter = Eagle2(target, {"top_k": 3, "depth": 2, "total_tokens": 8, "draft_vocab": 0})
+    joint, _ = ar_law(ar_logits, temperature, top_p)
+    sampling = Sampling(temperature, top_p, "lossless")
+    counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.long)
+    accepted = 0
+    for i in range(N_SAMPLES):
+        gen = generate(target, PROMPT, GenerationConfig(3, sampling=sampling, seed=i), drafter)
+        counts[tuple(gen.output_ids)] += 1
+        accepted += sum(gen.accepted)
+    stat, df, p = pooled_chi2(counts, joint)
+    print(f"eagle2 T={temperature} top_p={top_p}: chi2={stat:.1f} df={df} p={p:.3g} accepted={accepted}")
+    assert accepted >= N_SAMPLES // 8, f"too few accepted drafts ({accepted}) for the check to mean anything"
+    assert int(counts[joint == 0].sum()) == 0, "sampled a sequence outside top-p"
+    assert p > ALPHA_FAIR, f"EAGLE-2 speculative sampling differs from the AR law: chi2={stat:.1f}, df={df}, p={p:.3g}"
