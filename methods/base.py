@@ -237,10 +237,7 @@ class LearnedDrafter(Drafter):
         from safetensors.torch import load_file
 
         state = state if state is not None else load_file(str(file))
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise SpecbenchError(f"{file}: weights do not fit '{self.name}' as configured "
-                                 f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        self.load_state_strictly(state, file)
         h = hashlib.sha256()
         for k in sorted(state):
             h.update(k.encode())
@@ -248,6 +245,13 @@ class LearnedDrafter(Drafter):
             h.update(str(tuple(state[k].shape)).encode())
         self._weights_hash = h.hexdigest()[:12]
         self.to(device=self.target.device, dtype=self.target.dtype)
+
+    def load_state_strictly(self, state: dict[str, torch.Tensor], file: Path) -> None:
+        """Copy `state` into this drafter's parameters (cast to their dtype); every key must fit."""
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise SpecbenchError(f"{file}: weights do not fit '{self.name}' as configured "
+                                 f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
 
     @classmethod
     def load_official(cls, folder: Path, target, overrides: dict[str, Any]) -> "LearnedDrafter":

@@ -251,20 +251,23 @@ class RandomTreeDrafter(Drafter):
             self.events["depth2"] += 1
 
 
-def sample_counts(target, drafter, temperature: float, top_p: float) -> torch.Tensor:
+def sample_counts(target, drafter, temperature: float, top_p: float) -> tuple[torch.Tensor, int]:
+    """Counts of the first 3 sampled tokens over N_SAMPLES generations, and the drafts accepted."""
     counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.long)
     sampling = Sampling(temperature, top_p, "lossless")
+    accepted = 0
     for i in range(N_SAMPLES):
-        out = generate(target, PROMPT, GenerationConfig(3, sampling=sampling, seed=i), drafter).output_ids
-        assert len(out) == 3
-        counts[tuple(out)] += 1
-    return counts
+        gen = generate(target, PROMPT, GenerationConfig(3, sampling=sampling, seed=i), drafter)
+        assert len(gen.output_ids) == 3
+        counts[tuple(gen.output_ids)] += 1
+        accepted += sum(gen.accepted)
+    return counts, accepted
 
 
 def run_case(target, ar_logits, temperature, top_p, sampled, seed):
     joint, cond = ar_law(ar_logits, temperature, top_p)
     drafter = RandomTreeDrafter(target, {"sampled": sampled, "seed": seed}, cond)
-    counts = sample_counts(target, drafter, temperature, top_p)
+    counts, _ = sample_counts(target, drafter, temperature, top_p)
     impossible = int(counts[joint == 0].sum())
     return counts, joint, drafter.events, impossible
 
@@ -361,13 +364,7 @@ def test_eagle2_tree_sampling_matches_exact_ar_law(target, ar_logits, temperatur
     torch.manual_seed(7)
     drafter = Eagle2(target, {"top_k": 3, "depth": 2, "total_tokens": 8, "draft_vocab": 0})
     joint, _ = ar_law(ar_logits, temperature, top_p)
-    sampling = Sampling(temperature, top_p, "lossless")
-    counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.long)
-    accepted = 0
-    for i in range(N_SAMPLES):
-        gen = generate(target, PROMPT, GenerationConfig(3, sampling=sampling, seed=i), drafter)
-        counts[tuple(gen.output_ids)] += 1
-        accepted += sum(gen.accepted)
+    counts, accepted = sample_counts(target, drafter, temperature, top_p)
     stat, df, p = pooled_chi2(counts, joint)
     print(f"eagle2 T={temperature} top_p={top_p}: chi2={stat:.1f} df={df} p={p:.3g} accepted={accepted}")
     assert accepted >= N_SAMPLES // 8, f"too few accepted drafts ({accepted}) for the check to mean anything"

@@ -62,7 +62,6 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     the data passes it began, which epoch-scheduled loss terms (Gumiho's MLP CE) continue from."""
     import json
 
-    import torch
     from safetensors.torch import load_file
 
     meta_path = folder / "config.json"
@@ -76,12 +75,8 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
                              f"not '{want}' {arch}: warm-start only from the same architecture")
     if meta.get("vocab_hash") != drafter.target.vocab_hash():
         raise SpecbenchError(f"--init-from {folder} was trained for another tokenizer than '{drafter.target.name}'")
-    state = load_file(str(folder / "model.safetensors"))
-    own = drafter.state_dict()
-    missing = sorted(set(own) - set(state) - {k for k in own if k.startswith("target.")})
-    if missing or set(state) - set(own):
-        raise SpecbenchError(f"--init-from {folder}: weights do not fit '{drafter.name}' (missing {missing[:3]})")
-    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+    file = folder / "model.safetensors"
+    drafter.load_state_strictly(load_file(str(file)), file)  # keeps the float32 master weights
     training = meta.get("training") or {}
     epochs = training.get("total_epochs", training.get("epochs"))
     if epochs is None:  # checkpoints written before the summary counted epochs: read the log

@@ -53,7 +53,7 @@ class Trainer:
     def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
                  console: Console | None = None, prior: dict | None = None) -> None:
         self.drafter = drafter
-        self.prior = prior  # the warm start's checkpoint {path, steps, seconds}, if any
+        self.prior = prior  # the warm start's checkpoint {path, steps, seconds, epochs}, if any
         self.data = data
         self.cfg = cfg
         self.out = Path(out)
