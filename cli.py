@@ -1,6 +1,8 @@
 """specbench command line: `python cli.py COMMAND --help` (or the `specbench` console script)."""
 from __future__ import annotations
 
+import json
+
 import functools
 import sys
 from pathlib import Path
@@ -443,6 +445,46 @@ def train(
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
                           init_from=init_from, console=err)
     console.print_json(data=result)
+
+
+@app.command("calibrate-tree")
+@friendly
+def calibrate_tree_cmd(
+    method: str = typer.Option(..., "--method", "-m", help="a static-tree method (medusa, hydra)"),
+    target: str = typer.Option("smollm2-135m"),
+    checkpoint: Optional[Path] = typer.Option(None, help="default: the method's reference weights"),
+    nodes: int = typer.Option(15, help="draft nodes of the tree (verify width = nodes + 1)"),
+    topk: int = typer.Option(10, help="deepest rank a node may take in its head"),
+    data: Optional[Path] = typer.Option(None, help="distill folder (default datasets/distill/<target>)"),
+    prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
+    save: bool = typer.Option(False, "--save", help="write the tree into the checkpoint's config.json as its default"),
+    dtype: str = typer.Option("auto", help="target dtype (the features are cached per dtype)"),
+    device: str = typer.Option("auto"),
+    threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
+):
+    """Fit a static draft tree to a drafter's heads on the held-out distilled answers (training does
+    this itself; use it for older checkpoints or another node count)."""
+    from harness.target import Target
+    from harness.train.calibrate import calibrate_tree, is_static_tree_drafter, save_tree
+    from harness.train.pipeline import load_dataset
+    from methods.registry import get_method
+
+    set_threads(threads)
+    cls = get_method(method)
+    if not is_static_tree_drafter(cls):
+        raise SpecbenchError(f"method '{method}' does not draft a static tree: calibrate-tree is for medusa and hydra")
+    tgt = Target.load(target, device, dtype)
+    folder = checkpoint or cls.find_checkpoint(tgt.name, {})
+    drafter = cls.create(tgt, {}, str(folder))
+    result = calibrate_tree(drafter, load_dataset(tgt, data, prompts, err).valid, nodes, topk)
+    presets = ", ".join(f"{k} {v:.3f}" for k, v in result["expected_tau_presets"].items())
+    console.print(f"{method}: {result['nodes']}-node tree fitted on {result['positions']:,} held-out positions "
+                  f"({result['conversations']} greedy answers): expected τ {result['expected_tau']:.3f} there, "
+                  f"{result['expected_tau_current']:.3f} with the current tree (presets: {presets})")
+    console.print(json.dumps(result["tree"]), soft_wrap=True)
+    if save:
+        save_tree(folder, result)
+        console.print(f"saved as the decoding tree of {folder}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from harness.results import config_hash
 from harness.tree import DraftTree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+UNREACHABLE = 1 << 30  # the rank of a token a drafter can never propose
 
 
 class Drafter(nn.Module):
@@ -171,6 +172,20 @@ class LearnedDrafter(Drafter):
         ids = self.draft_ids[top.indices] if self.draft_vocab_size else top.indices
         return top.values, ids
 
+    def vocab_ranks(self, hidden: torch.Tensor, labels: torch.Tensor, proj: nn.Module | None = None) -> torch.Tensor:
+        """Rank of each label among the draft logits of `hidden` (0 = the draft's top-1), through
+        `proj` (a head's own vocab projection) or the frozen LM head over the draft vocab; a label
+        the drafter cannot propose (outside the draft vocab) gets UNREACHABLE."""
+        if proj is not None:
+            z = proj(hidden).float()
+        else:
+            z = self._vocab_logits(hidden).float()
+            if self.draft_vocab_size:
+                labels = self._head()[2][labels]
+        at = z.gather(-1, labels.clamp_min(0)[..., None])
+        ranks = (z > at).sum(-1)
+        return ranks.masked_fill(labels < 0, UNREACHABLE)
+
     def head_ce(self, pred: torch.Tensor, mask: torch.Tensor, *, target_hidden: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`frozen_head_ce` through the frozen LM head restricted to the draft vocab: soft targets
@@ -226,7 +241,9 @@ class LearnedDrafter(Drafter):
                 f"target '{target.name}' has {target.hidden_size} / {target.vocab_size}: train one for this target")
         if meta.get("vocab_hash") not in (None, target.vocab_hash()):
             raise SpecbenchError(f"{folder} was trained with another tokenizer than target '{target.name}'")
-        drafter = cls(target, {**meta.get("arch", {}), **(overrides or {})})
+        # `decode` holds inference defaults fitted to these weights (a static tree calibrated to the
+        # heads, see harness/tree_search.py); --set still overrides them.
+        drafter = cls(target, {**meta.get("arch", {}), **meta.get("decode", {}), **(overrides or {})})
         drafter.load_weights(folder / "model.safetensors")
         return drafter
 
@@ -261,15 +278,19 @@ class LearnedDrafter(Drafter):
     def create(cls, target, overrides: dict[str, Any], checkpoint: str | None = None) -> "Drafter":
         if checkpoint:
             return cls.from_pretrained(checkpoint, target, overrides)
-        config = cls.resolve_config(overrides)
-        name = cls.checkpoint_name(config)
-        for p in checkpoint_search_paths(target.name, name):
+        return cls.from_pretrained(cls.find_checkpoint(target.name, overrides), target, overrides)
+
+    @classmethod
+    def find_checkpoint(cls, target_name: str, overrides: dict[str, Any]) -> Path:
+        """The folder of this method's trained weights (for this architecture) on `target_name`."""
+        name = cls.checkpoint_name(cls.resolve_config(overrides))
+        for p in checkpoint_search_paths(target_name, name):
             if (p / "model.safetensors").exists() or (p / "pytorch_model.bin").exists():
-                return cls.from_pretrained(p, target, overrides)
+                return p
         raise SpecbenchError(
-            f"no trained weights for '{cls.name}' on target '{target.name}' (looked in "
-            f"{', '.join(str(p) for p in checkpoint_search_paths(target.name, name))}); train them with "
-            f"`python cli.py train --method {cls.weights_from or cls.name} --target {target.name}` or pass --checkpoint")
+            f"no trained weights for '{cls.name}' on target '{target_name}' (looked in "
+            f"{', '.join(str(p) for p in checkpoint_search_paths(target_name, name))}); train them with "
+            f"`python cli.py train --method {cls.weights_from or cls.name} --target {target_name}` or pass --checkpoint")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

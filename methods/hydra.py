@@ -60,7 +60,7 @@ class Hydra(LearnedDrafter):
         "layers": 4,
         "share_lm_head": True,
         "dropout": 0.2,
-        "tree": "cpu_15",  # as Medusa's default; `--set tree=mc_sim_7b_63` for the official tree
+        "tree": "cpu_15",  # as Medusa's: a checkpoint's fitted `decode.tree` overrides it
         "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
     }
     arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
@@ -175,31 +175,42 @@ class Hydra(LearnedDrafter):
         drafter.load_weights(folder, state=mapped)
         return drafter
 
-    # ---- training -------------------------------------------------------------------------
-    def loss(self, batch) -> dict[str, torch.Tensor]:
-        """Teacher loss: head i at t, fed the true path tokens ids[t+1..t+i+1], is scored with soft
-        targets softmax(lm_head(f_{t+i+1})) — the target's distribution for x_{t+i+2}."""
+    # ---- training and tree calibration ---------------------------------------------------
+    def own_proj(self, i: int) -> nn.Module | None:
+        """Head i's own vocab projection (official layout), or None: the frozen LM head."""
+        return self.hydra_head[i].proj
+
+    def teacher_forced_heads(self, batch):
+        """(i, offset i+2, head i's hidden at t fed the true path x_{t+1..t+i+1}) for every t that
+        has a token x_{t+i+2} to guess."""
         f = batch.features
         b, t, _ = f.shape
         pos = torch.arange(t, device=f.device)[None].expand(b, t)
         z = self.prefix(f, pos)
         emb = self.target.embed(batch.input_ids).to(f.dtype)
-        valid = batch.loss_mask * batch.attention_mask
-        total = f.new_zeros(())
-        out: dict[str, torch.Tensor] = {}
         for i in range(self.config["heads"]):
             off = i + 2
             if t <= off:
                 break
             n = t - off
             x = torch.cat([z[:, :n]] + [emb[:, 1 + j : 1 + j + n] for j in range(i + 1)], dim=-1)
-            hidden = self.hydra_head[i](x)
+            yield i, off, self.hydra_head[i](x)
+
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        """Teacher loss: head i at t, fed the true path tokens ids[t+1..t+i+1], is scored with soft
+        targets softmax(lm_head(f_{t+i+1})) — the target's distribution for x_{t+i+2}."""
+        valid = batch.loss_mask * batch.attention_mask
+        total = batch.features.new_zeros(())
+        out: dict[str, torch.Tensor] = {}
+        for i, off, hidden in self.teacher_forced_heads(batch):
+            n = hidden.shape[1]
             teacher = batch.target_features[:, i + 1 : i + 1 + n]
             mask = valid[:, off:]
-            if self.hydra_head[i].proj is None:
+            proj = self.own_proj(i)
+            if proj is None:
                 ce, acc = self.head_ce(hidden, mask, target_hidden=teacher)
             else:
-                logq = self.hydra_head[i].proj(hidden).float().log_softmax(-1)
+                logq = proj(hidden).float().log_softmax(-1)
                 p = self.target.project(teacher.to(self.target.dtype)).float().softmax(-1)
                 per = -(p * logq).sum(-1)
                 ce = (per * mask).sum() / mask.sum().clamp_min(1)

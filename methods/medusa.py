@@ -51,9 +51,10 @@ class Medusa(LearnedDrafter):
         "heads": 5,
         "layers": 1,
         "share_lm_head": True,
-        # CPU default: the best 15 nodes of mc_sim_7b_63 (bf16 here: a 16-token verify costs
-        # ~1.2x a step against ~1.6x for 64 tokens; heads trained on ~1 M tokens rarely make
-        # depth 4 pay). The official tree is `--set tree=mc_sim_7b_63`.
+        # 15 draft nodes (bf16 here: a 16-token verify costs ~1.2x a step against ~1.6x for 64
+        # tokens). A trained checkpoint overrides this with the 15-node tree fitted to its own heads
+        # (config.json `decode.tree`, harness/tree_search.py); cpu_15 (the best 15 nodes of
+        # mc_sim_7b_63) is the fallback. The official tree is `--set tree=mc_sim_7b_63`.
         "tree": "cpu_15",
         "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
     }
@@ -125,25 +126,33 @@ class Medusa(LearnedDrafter):
         drafter.load_weights(folder, state=state)
         return drafter
 
-    # ---- training -------------------------------------------------------------------------
-    def loss(self, batch) -> dict[str, torch.Tensor]:
-        """Sum over heads of CE(head_k(f_t), token t+2+k) on assistant tokens (Medusa-1)."""
+    # ---- training and tree calibration ---------------------------------------------------
+    def own_proj(self, k: int) -> nn.Module | None:
+        """Head k's own vocab projection (official layout), or None: the frozen LM head."""
+        return None if self.config["share_lm_head"] else self.medusa_head[k][self.config["layers"]]
+
+    def teacher_forced_heads(self, batch):
+        """(k, offset 2+k, head k's hidden on f_t) for every t that has a token t+2+k to guess."""
         f = batch.features
-        ids = batch.input_ids
-        valid = batch.loss_mask * batch.attention_mask
-        total = f.new_zeros(())
-        out: dict[str, torch.Tensor] = {}
         for k in range(self.config["heads"]):
             off = 2 + k
             if f.shape[1] <= off:
                 break
-            pred = self.head_hidden(k, f[:, :-off])
+            yield k, off, self.head_hidden(k, f[:, :-off])
+
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        """Sum over heads of CE(head_k(f_t), token t+2+k) on assistant tokens (Medusa-1)."""
+        ids = batch.input_ids
+        valid = batch.loss_mask * batch.attention_mask
+        total = batch.features.new_zeros(())
+        out: dict[str, torch.Tensor] = {}
+        for k, off, pred in self.teacher_forced_heads(batch):
             labels = ids[:, off:]
             mask = valid[:, off:]
             if self.config["share_lm_head"]:
                 ce, acc = self.head_ce(pred, mask, labels=labels)
             else:
-                logits = self.medusa_head[k][self.config["layers"]](pred).float()
+                logits = self.own_proj(k)(pred).float()
                 per = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
                 ce = (per * mask).sum() / mask.sum().clamp_min(1)
                 acc = ((logits.argmax(-1) == labels).float() * mask).sum() / mask.sum().clamp_min(1)
@@ -152,3 +161,4 @@ class Medusa(LearnedDrafter):
             out[f"acc{k}"] = acc.detach()
         out["loss"] = total
         return out
+

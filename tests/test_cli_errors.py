@@ -38,6 +38,11 @@ def test_bad_run_options(shared_data, args, needles):
     one_line_error(run_cli("run", *args, "--data-dir", str(shared_data)), *needles)
 
 
+@pytest.mark.parametrize("method", ["pld", "eagle2"])
+def test_calibrate_tree_refuses_methods_without_a_static_tree(method):
+    one_line_error(run_cli("calibrate-tree", "--method", method), "does not draft a static tree", "medusa")
+
+
 def test_missing_data_dir(tmp_path):
     one_line_error(run_cli("run", "--method", "pld", "--data-dir", str(tmp_path / "nope")), "nope")
     one_line_error(run_cli("run", "--method", "pld", env={"SPECBENCH_DATA": ""}), "--data-dir")

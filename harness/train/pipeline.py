@@ -24,8 +24,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
     checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
     the summary counts the earlier steps so the total budget stays traceable."""
-    from harness.train.data import FeatureDataset
-    from harness.train.features import extract_features, load_feature_shards
+    from harness.train.calibrate import calibrate_tree, is_static_tree_drafter
     from harness.train.trainer import TrainConfig, Trainer
     from methods.base import REPO_ROOT
     from methods.registry import get_method
@@ -37,10 +36,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     if cls.weights_from:
         raise SpecbenchError(f"method '{method}' uses the weights of '{cls.weights_from}': train that one")
     config = cls.resolve_config(overrides)
-    data = data or REPO_ROOT / "datasets" / "distill" / target.name
-    with Progress(console=console) as progress:
-        feats = extract_features(target, data, prompts, progress=progress)
-    dataset = FeatureDataset(load_feature_shards(feats))
+    dataset = load_dataset(target, data, prompts, console)
     drafter = cls(target, overrides)
     if drafter.draft_vocab_size:
         from harness.train.data import frequent_answer_tokens
@@ -53,7 +49,23 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     console.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
                   f"answer tokens for {steps} steps; checkpoints in {out}")
     result = Trainer(drafter, dataset, cfg, out, console, prior=prior).train()
+    if is_static_tree_drafter(drafter):
+        # The held-out τ the configured tree gets with these heads, and the best tree of that
+        # size (reported; `cli.py calibrate-tree --save` makes it the checkpoint's default).
+        result["tree_calibration"] = calibrate_tree(drafter, dataset.valid, len(drafter.tree.choices))
     return {**result, "out": str(out)}
+
+
+def load_dataset(target, data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, console: Console | None = None):
+    """The shared distilled dataset with its train/held-out split (features extracted first)."""
+    from harness.train.data import FeatureDataset
+    from harness.train.features import extract_features, load_feature_shards
+    from methods.base import REPO_ROOT
+
+    data = data or REPO_ROOT / "datasets" / "distill" / target.name
+    with Progress(console=console or Console(stderr=True)) as progress:
+        feats = extract_features(target, data, prompts, progress=progress)
+    return FeatureDataset(load_feature_shards(feats))
 
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:

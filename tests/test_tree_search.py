@@ -1,0 +1,85 @@
+"""Static trees fitted to a drafter's heads: the search, the rank semantics, the stored default."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from harness.decode import GenerationConfig, generate
+from harness.train.calibrate import calibrate_tree, save_tree
+from harness.train.data import DistillBatch
+from harness.tree import StaticTree
+from harness.tree_search import accepted_drafts, best_static_tree, expected_tau, truth_ranks
+from methods.base import UNREACHABLE
+from methods.hydra import Hydra
+from methods.medusa import Medusa
+from tests.train_helpers import tiny_dataset, tiny_prompts, train_quickly
+
+X = UNREACHABLE
+
+
+def _valid_trees(candidates: list[tuple[int, ...]], size: int):
+    for combo in itertools.combinations(candidates, size):
+        chosen = set(combo)
+        if all(len(c) == 1 or c[:-1] in chosen for c in combo):
+            yield [list(c) for c in combo]
+
+
+def test_best_tree_is_the_optimum_over_every_valid_tree():
+    ranks = torch.tensor([[0, 0, 1], [0, 0, 1], [0, 1, X], [1, 0, 0], [2, X, X], [0, 0, 0],
+                          [X, 0, 0], [1, 0, X], [0, 2, 0], [3, 0, 0]])
+    # by hand: prefix counts [0]:5 [0,0]:3 [1]:2 [1,0]:2 [0,0,1]:2 ...
+    assert best_static_tree(ranks, 2, topk=4) == [[0], [0, 0]]
+    assert expected_tau(ranks, [[0], [0, 0]]) == pytest.approx(1 + (5 + 3) / 10)
+    assert accepted_drafts(ranks, [[0], [0, 0], [1]]).tolist() == [2, 2, 1, 1, 0, 2, 0, 1, 1, 0]
+    candidates = sorted({tuple(r[:d]) for r in ranks.tolist() for d in range(1, 4) if max(r[:d]) < 4})
+    for size in (1, 3, 4, 5):
+        best = best_static_tree(ranks, size, topk=4)
+        StaticTree(best)  # a valid tree: every node's parent is in it
+        optimum = max(expected_tau(ranks, t) for t in _valid_trees(candidates, size))
+        assert expected_tau(ranks, best) == pytest.approx(optimum)
+
+
+def _trained(cls, tiny_target, tmp_path, config):
+    d = cls(tiny_target, config)
+    train_quickly(d, tiny_dataset(tiny_target), tmp_path / cls.name, steps=150)
+    return d.eval()
+
+
+@pytest.mark.parametrize("cls, config", [(Medusa, {"heads": 3}), (Hydra, {"heads": 3, "layers": 1})])
+def test_truth_ranks_predict_every_decoding_step(tiny_target, tmp_path, cls, config):
+    """On the target's own greedy output, the rank rows say exactly how many drafts each step of
+    the real decoding loop accepts: the offsets of every head are the ones decoding uses."""
+    d = _trained(cls, tiny_target, tmp_path, {**config, "tree": "cpu_15"})
+    choices = d.tree.choices
+    checked = accepted = 0
+    for p in tiny_prompts(tiny_target.vocab_size, 6, seed=41):
+        gen = generate(tiny_target, p, GenerationConfig(40), d)
+        seq = torch.tensor(p + gen.output_ids)
+        hidden = tiny_target.forward(seq, tiny_target.new_cache()).hidden.float()
+        ones = torch.ones(1, len(seq))
+        with torch.no_grad():
+            rows = truth_ranks(d, DistillBatch(seq[None], hidden[None], hidden[None], ones, ones))[0]
+        t = len(p) - 1  # state: feature of the last accepted token; the root is x_{t+1}
+        for got in gen.accepted:
+            if t + 2 + d.tree.max_depth >= len(seq):
+                break  # the truth past the generated end is unknown
+            assert accepted_drafts(rows[t : t + 1], choices).item() == got
+            checked, accepted = checked + 1, accepted + (got > 0)
+            t += got + 1
+    assert checked >= 20 and accepted >= 5, (checked, accepted)
+
+
+def test_calibrated_tree_beats_the_preset_and_becomes_the_checkpoint_default(tiny_target, tmp_path):
+    d = _trained(Medusa, tiny_target, tmp_path, {"heads": 3, "tree": "cpu_15"})
+    data = tiny_dataset(tiny_target, n=40, seed=8)
+    result = calibrate_tree(d, data.train + data.valid, nodes=7)
+    assert result["nodes"] == 7 and result["conversations"] == 40
+    # optimal on the measured ranks, so never worse than the preset's first 7 nodes
+    assert result["expected_tau"] >= result["expected_tau_presets"]["cpu_7"] > 1.0
+    d.save_pretrained(tmp_path / "ck")
+    save_tree(tmp_path / "ck", result)
+    loaded = Medusa.from_pretrained(tmp_path / "ck", tiny_target)
+    assert loaded.config["tree"] == result["tree"] and len(loaded.tree.nodes) == 7
+    assert Medusa.from_pretrained(tmp_path / "ck", tiny_target, {"tree": "cpu_15"}).config["tree"] == "cpu_15"
