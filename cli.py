@@ -426,6 +426,7 @@ def train(
     out: Optional[Path] = typer.Option(None, help="default checkpoints/<target>/<method>[-<arch hash>]"),
     init_from: Optional[Path] = typer.Option(None, help="warm-start from this finished checkpoint (same architecture): "
                                              "a new schedule cycle, its steps counted in the total"),
+    shards: Optional[int] = typer.Option(None, help="use only the first N distill shards (the reference weights used 24)"),
     threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
     """Train a drafter on the shared distilled data (features are extracted and cached first). Resumes."""
@@ -443,7 +444,7 @@ def train(
     tgt = Target.load(target, device, dtype)
     result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
-                          init_from=init_from, console=err)
+                          init_from=init_from, console=err, shards=shards)
     console.print_json(data=result)
 
 
@@ -457,6 +458,7 @@ def calibrate_tree_cmd(
     topk: int = typer.Option(10, help="deepest rank a node may take in its head"),
     data: Optional[Path] = typer.Option(None, help="distill folder (default datasets/distill/<target>)"),
     prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
+    shards: Optional[int] = typer.Option(None, help="use only the first N distill shards (the reference weights used 24)"),
     save: bool = typer.Option(False, "--save", help="write the tree into the checkpoint's config.json as its default"),
     dtype: str = typer.Option("auto", help="target dtype (the features are cached per dtype)"),
     device: str = typer.Option("auto"),
@@ -476,7 +478,7 @@ def calibrate_tree_cmd(
     tgt = Target.load(target, device, dtype)
     folder = checkpoint or cls.find_checkpoint(tgt.name, {})
     drafter = cls.create(tgt, {}, str(folder))
-    result = calibrate_tree(drafter, load_dataset(tgt, data, prompts, err).valid, nodes, topk)
+    result = calibrate_tree(drafter, load_dataset(tgt, data, prompts, err, shards).valid, nodes, topk)
     presets = ", ".join(f"{k} {v:.3f}" for k, v in result["expected_tau_presets"].items())
     console.print(f"{method}: {result['nodes']}-node tree fitted on {result['positions']:,} held-out positions "
                   f"({result['conversations']} greedy answers): expected τ {result['expected_tau']:.3f} there, "

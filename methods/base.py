@@ -232,6 +232,16 @@ class LearnedDrafter(Drafter):
         meta = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         if meta.get("format") != "specbench":
             return cls.load_official(folder, target, overrides or {})
+        cls.check_meta(meta, folder, target)
+        # `decode` holds inference defaults fitted to these weights (a static tree calibrated to the
+        # heads, see harness/tree_search.py); --set still overrides them.
+        drafter = cls(target, {**meta.get("arch", {}), **meta.get("decode", {}), **(overrides or {})})
+        drafter.load_weights(folder / "model.safetensors")
+        return drafter
+
+    @classmethod
+    def check_meta(cls, meta: dict[str, Any], folder: Path, target) -> None:
+        """A specbench checkpoint's config.json must name this method and fit `target` (sizes, tokenizer)."""
         want = cls.weights_from or cls.name
         if meta.get("method") != want:
             raise SpecbenchError(f"{folder} holds '{meta.get('method')}' weights, not '{want}'")
@@ -241,11 +251,6 @@ class LearnedDrafter(Drafter):
                 f"target '{target.name}' has {target.hidden_size} / {target.vocab_size}: train one for this target")
         if meta.get("vocab_hash") not in (None, target.vocab_hash()):
             raise SpecbenchError(f"{folder} was trained with another tokenizer than target '{target.name}'")
-        # `decode` holds inference defaults fitted to these weights (a static tree calibrated to the
-        # heads, see harness/tree_search.py); --set still overrides them.
-        drafter = cls(target, {**meta.get("arch", {}), **meta.get("decode", {}), **(overrides or {})})
-        drafter.load_weights(folder / "model.safetensors")
-        return drafter
 
     def load_weights(self, file: Path, state: dict[str, torch.Tensor] | None = None) -> None:
         """Load (a mapped) state dict strictly, cast to the target's dtype, and hash it."""

@@ -121,3 +121,5 @@ def test_warm_start_loads_the_checkpoint_and_counts_its_steps(tiny_target, tiny_
         warm_start(Medusa(tiny_target, {"heads": 3}), tmp_path / "stage1", Medusa.resolve_config({"heads": 3}))
     with pytest.raises(SpecbenchError, match="no config.json"):
         warm_start(d, tmp_path / "nowhere", d.config)
+    with pytest.raises(SpecbenchError, match="holds 'medusa' weights, not 'hydra'"):
+        warm_start(Hydra(tiny_target, {"heads": 2, "layers": 1}), tmp_path / "stage1", {})

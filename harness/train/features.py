@@ -40,8 +40,9 @@ def _conversations(target, shard: Path, prompts: dict[str, dict]) -> list[tuple[
 
 @torch.inference_mode()
 def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: int = 16,
-                     layers: list[int] | None = None, progress=None) -> Path:
-    """Extract every missing feature shard; returns the feature folder."""
+                     layers: list[int] | None = None, progress=None, shards: int | None = None) -> Path:
+    """Extract every missing feature shard (of the first `shards` only, if given); returns the
+    feature folder."""
     if not (distill_dir / "manifest.json").exists():
         raise SpecbenchError(f"{distill_dir} has no manifest.json: run `cli.py distill` first")
     manifest = json.loads((distill_dir / "manifest.json").read_text())
@@ -50,8 +51,8 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
     out = feature_dir(target, distill_dir, manifest)
     out.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts(prompts_file)
-    shards = sorted(distill_dir.glob("shard-*.jsonl"))
-    todo = [s for s in shards if not (out / (s.stem + ".safetensors")).exists()]
+    files = sorted(distill_dir.glob("shard-*.jsonl"))[:shards]
+    todo = [s for s in files if not (out / (s.stem + ".safetensors")).exists()]
     task = progress.add_task("features", total=len(todo)) if progress else None
     for shard in todo:
         tensors = shard_tensors(target, _conversations(target, shard, prompts), batch_size, layers)
@@ -98,8 +99,9 @@ def shard_tensors(target, convs: list[tuple[list[int], int]], batch_size: int = 
     return tensors
 
 
-def load_feature_shards(folder: Path) -> list[dict[str, torch.Tensor]]:
-    files = sorted(folder.glob("shard-*.safetensors"))
+def load_feature_shards(folder: Path, shards: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """The first `shards` feature shards (all when None), in distill-shard order."""
+    files = sorted(folder.glob("shard-*.safetensors"))[:shards]
     if not files:
         raise SpecbenchError(f"no feature shards in {folder}: run `cli.py train` (it extracts them) or check --data")
     return [load_file(str(f)) for f in files]

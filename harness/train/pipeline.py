@@ -19,7 +19,8 @@ DEFAULT_PROMPTS = Path("../shared/data/train_prompts/prompts.jsonl")
 def train_method(target, method: str, overrides: dict[str, Any], *, steps: int = 1500, lr: float | None = None,
                  data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
                  max_len: int = 1024, autocast: str = "auto", out: Path | None = None,
-                 init_from: Path | None = None, console: Console | None = None) -> dict[str, Any]:
+                 init_from: Path | None = None, console: Console | None = None,
+                 shards: int | None = None) -> dict[str, Any]:
     """Train `method` with `overrides` for `steps` optimiser steps; returns the training summary
     (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
     checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
@@ -36,7 +37,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     if cls.weights_from:
         raise SpecbenchError(f"method '{method}' uses the weights of '{cls.weights_from}': train that one")
     config = cls.resolve_config(overrides)
-    dataset = load_dataset(target, data, prompts, console)
+    dataset = load_dataset(target, data, prompts, console, shards)
     drafter = cls(target, overrides)
     if drafter.draft_vocab_size:
         from harness.train.data import frequent_answer_tokens
@@ -56,16 +57,18 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     return {**result, "out": str(out)}
 
 
-def load_dataset(target, data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, console: Console | None = None):
-    """The shared distilled dataset with its train/held-out split (features extracted first)."""
+def load_dataset(target, data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, console: Console | None = None,
+                 shards: int | None = None):
+    """The shared distilled dataset (its first `shards` shards, if given) with its train/held-out
+    split; features are extracted first."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
     from methods.base import REPO_ROOT
 
     data = data or REPO_ROOT / "datasets" / "distill" / target.name
     with Progress(console=console or Console(stderr=True)) as progress:
-        feats = extract_features(target, data, prompts, progress=progress)
-    return FeatureDataset(load_feature_shards(feats))
+        feats = extract_features(target, data, prompts, progress=progress, shards=shards)
+    return FeatureDataset(load_feature_shards(feats, shards))
 
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -80,13 +83,11 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     if not meta_path.exists():
         raise SpecbenchError(f"--init-from {folder}: no config.json there; point it at a trained specbench checkpoint")
     meta = json.loads(meta_path.read_text())
-    want = drafter.weights_from or drafter.name
+    drafter.check_meta(meta, folder, drafter.target)
     arch = {k: config[k] for k in drafter.arch_keys}
-    if meta.get("method") != want or meta.get("arch") != arch:
-        raise SpecbenchError(f"--init-from {folder} holds '{meta.get('method')}' {meta.get('arch')}, "
-                             f"not '{want}' {arch}: warm-start only from the same architecture")
-    if meta.get("vocab_hash") != drafter.target.vocab_hash():
-        raise SpecbenchError(f"--init-from {folder} was trained for another tokenizer than '{drafter.target.name}'")
+    if meta.get("arch") != arch:
+        raise SpecbenchError(f"--init-from {folder} holds architecture {meta.get('arch')}, not {arch}: "
+                             f"warm-start only from the same architecture")
     file = folder / "model.safetensors"
     drafter.load_state_strictly(load_file(str(file)), file)  # keeps the float32 master weights
     training = meta.get("training") or {}
