@@ -276,10 +276,7 @@ def _mean_cell(cells: list[Cell]) -> Cell:
 
 def main_cells(run: RunData) -> dict[Row, dict[str, Cell]]:
     """{row: {benchmark | "mean": Cell}} for every non-AR row."""
-    ar_by_prompt: dict[tuple, list[dict]] = {}
-    for rec in run.records:
-        if rec["method"] == AR_METHOD:
-            ar_by_prompt.setdefault(_prompt_key(rec), []).append(rec)
+    ar_by_prompt = _ar_by_prompt(run)
     out: dict[Row, dict[str, Cell]] = {}
     for row in run.rows:
         cells = {}
@@ -307,6 +304,43 @@ def main_frame(run: RunData, cells: dict[Row, dict[str, Cell]] | None = None) ->
     return pd.DataFrame(lines).round({k: 4 for k in ("speedup", "speedup_lo", "speedup_hi", "tau", "tau_lo", "tau_hi")})
 
 
+def _row_fields(row: Row) -> dict[str, Any]:
+    """The columns that identify a row in every per-row frame."""
+    return {"temperature": row.temperature, "method": row.method, "variant": row.name,
+            "acceptance": row.acceptance, "lossy": row.lossy, "config_hash": row.config_hash}
+
+
+def _ar_by_prompt(run: RunData) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for rec in run.records:
+        if rec["method"] == AR_METHOD:
+            out.setdefault(_prompt_key(rec), []).append(rec)
+    return out
+
+
+def turn_frame(run: RunData) -> pd.DataFrame:
+    """Per (temperature, row), pooled over the benchmarks with more than one turn (MT-Bench): τ and
+    speedup of each turn. A later turn sees the earlier answers, which a lookup drafter can copy
+    from, so the turns can rank methods differently. Empty when no benchmark has two turns."""
+    turns_of: dict[str, set[int]] = {}
+    for rec in run.records:
+        turns_of.setdefault(rec["benchmark"], set()).add(int(rec["turn"]))
+    multi = {b for b, t in turns_of.items() if len(t) > 1}
+    turns = sorted(set().union(*(turns_of[b] for b in multi))) if multi else []
+    ar_by_prompt = _ar_by_prompt(run)
+    lines = []
+    for row in run.rows if multi else []:
+        recs = [r for r in run.row_records(row) if r["benchmark"] in multi]
+        line = _row_fields(row)
+        for t in turns:
+            cell = cell_stats([r for r in recs if int(r["turn"]) == t], ar_by_prompt,
+                              (row.temperature, row.method, row.config_hash, row.acceptance, "turn", t))
+            line.update({f"turn{t + 1}_answers": cell.answers, f"turn{t + 1}_tau": round(cell.tau, 4),
+                         f"turn{t + 1}_speedup": round(cell.speedup, 4)})
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
 def cost_frame(run: RunData) -> pd.DataFrame:
     """Per (temperature, row), pooled over benchmarks: ms per verify step drafting, verifying and
     the rest (wall - prefill - draft - verify), mean tree size, τ and drafter parameters. AR first."""
@@ -324,9 +358,7 @@ def cost_frame(run: RunData) -> pd.DataFrame:
         prefill_ms = 1000.0 * sum(r.get("prefill_s", 0.0) for r in recs)
         per = (lambda x: x / steps) if steps else (lambda x: math.nan)
         lines.append({
-            "temperature": row.temperature, "method": row.method, "variant": row.name,
-            "acceptance": row.acceptance, "lossy": row.lossy, "config_hash": row.config_hash,
-            "answers": len(recs), "steps": steps, "draft_ms_per_step": per(draft),
+            **_row_fields(row), "answers": len(recs), "steps": steps, "draft_ms_per_step": per(draft),
             "verify_ms_per_step": per(verify), "other_ms_per_step": per(wall_ms - prefill_ms - draft - verify),
             "tree_size": per(tree), "tau": tokens / steps if steps else math.nan,
             "prefill_ms_per_answer": prefill_ms / len(recs) if recs else math.nan,
@@ -346,9 +378,7 @@ def depth_frame(run: RunData) -> pd.DataFrame:
     depth = max((len(c) for c in curves.values()), default=0)
     lines = []
     for row, curve in curves.items():
-        line = {"temperature": row.temperature, "method": row.method, "variant": row.name,
-                "acceptance": row.acceptance, "lossy": row.lossy, "config_hash": row.config_hash,
-                "steps": sum(len((r.get("steps") or {}).get("accepted", [])) for r in run.row_records(row))}
+        line = {**_row_fields(row), "steps": sum(len((r.get("steps") or {}).get("accepted", [])) for r in run.row_records(row))}
         for d in range(1, depth + 1):
             line[f"d{d}"] = round(curve[d - 1], 4) if d <= len(curve) else math.nan
         lines.append(line)
@@ -526,6 +556,21 @@ def depth_text(frame: pd.DataFrame, kind: str) -> str:
     return text
 
 
+def turn_text(frame: pd.DataFrame, kind: str) -> str:
+    turns = sorted(int(c[4:-4]) for c in frame.columns if c.startswith("turn") and c.endswith("_tau"))
+    header = ["Method", *[h for t in turns for h in (f"Turn {t} τ", f"Turn {t} speedup")]]
+
+    def render(rec: dict) -> list[str]:
+        return [_label(rec), *[x for t in turns for x in (_num(rec[f"turn{t}_tau"]),
+                                                          _num(rec[f"turn{t}_speedup"], suffix="×"))]]
+
+    text = _grouped(frame, render, header, "l" + "r" * (2 * len(turns)), kind)
+    if kind == "md":
+        text += ("Pooled over the multi-turn benchmarks; a later turn's prompt holds the earlier answers, "
+                 "which lookup drafters can copy.\n")
+    return text
+
+
 # ----------------------------------------------------------------------------- table files
 
 def _write(path: Path, text: str) -> Path:
@@ -541,7 +586,8 @@ def _csv(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def write_tables(run_dir: Path, ci: bool = False) -> list[Path]:
-    """Write tables/main|cost|depth(.md/.tex/.csv), and ablation.* for an ablation folder."""
+    """Write tables/main|cost|depth(.md/.tex/.csv), turns.* where a benchmark has several turns,
+    and ablation.* for an ablation folder."""
     run = load_run(run_dir)
     if not run.rows:
         raise SpecbenchError(f"{run_dir} holds AR records only: nothing to compare")
@@ -554,8 +600,11 @@ def write_tables(run_dir: Path, ci: bool = False) -> list[Path]:
         _write(out / f"{main}.tex", main_latex(run, cells, title)),
         _csv(main_frame(run, cells), out / f"{main}.csv"),
     ]
-    cost, depth = cost_frame(run), depth_frame(run)
-    for name, frame, text in (("cost", cost, cost_text), ("depth", depth, depth_text)):
+    frames = [("cost", cost_frame(run), cost_text), ("depth", depth_frame(run), depth_text)]
+    turns = turn_frame(run)
+    if not turns.empty:
+        frames.append(("turns", turns, turn_text))
+    for name, frame, text in frames:
         paths += [_write(out / f"{name}.md", text(frame, "md")), _write(out / f"{name}.tex", text(frame, "tex")),
                   _csv(frame, out / f"{name}.csv")]
     return paths

@@ -164,6 +164,30 @@ def test_cost_and_depth_tables(run_dir):
     assert "ar" not in set(depth.method)
 
 
+def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
+    path = write_run(tmp_path / "run", methods=("pld", "eagle"), questions=4)
+    recs = [json.loads(line) for line in (path / "records.jsonl").read_text().splitlines()]
+    for r in recs:  # MT-Bench questions 102 and 103 become second turns
+        if r["benchmark"] == "mt_bench" and r["question_id"] >= 102:
+            r["turn"] = 1
+            r["key"] = record_key(r)
+    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    frame = report.turn_frame(report.load_run(path))
+    for method in ("pld", "eagle"):
+        line = frame[frame.method == method].iloc[0]
+        for turn, qids in ((1, (100, 101)), (2, (102, 103))):
+            mine = [r for r in recs if r["method"] == method and r["benchmark"] == "mt_bench" and r["question_id"] in qids]
+            tau = sum(sum(r["steps"]["tokens"]) for r in mine) / sum(len(r["steps"]["tokens"]) for r in mine)
+            assert line[f"turn{turn}_answers"] == 2 and line[f"turn{turn}_tau"] == pytest.approx(tau, abs=1e-4)
+            assert line[f"turn{turn}_speedup"] > 0
+    written = [p.name for p in report.write_tables(path)]
+    assert "turns.md" in written and "Turn 2 τ" in (path / "tables" / "turns.md").read_text()
+    # no benchmark with two turns: no turn table
+    single = write_run(tmp_path / "single", methods=("pld",), questions=2)
+    assert report.turn_frame(report.load_run(single)).empty
+    assert "turns.md" not in [p.name for p in report.write_tables(single)]
+
+
 # ----------------------------------------------------------------------------- files
 
 def test_tables_layout(run_dir):
