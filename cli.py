@@ -388,21 +388,28 @@ def distill(
     batch_size: int = typer.Option(32),
     shard_size: int = typer.Option(96),
     max_shards: Optional[int] = typer.Option(None, help="stop after this many new shards (spread work over runs)"),
+    max_prompt_tokens: int = typer.Option(768, help="skip conversations whose prompt (with earlier turns) is longer"),
+    followups: Optional[Path] = typer.Option(None, help="second turns: answer these follow-ups (e.g. datasets/followups.jsonl) "
+                                             "to the greedy answers of --base"),
+    base: Optional[str] = typer.Option(None, help="with --followups: the distill folder continued (default <target>)"),
     dtype: str = typer.Option("auto"),
     device: str = typer.Option("auto"),
-    out: Optional[Path] = typer.Option(None, help="default datasets/distill/<target>"),
+    out: Optional[Path] = typer.Option(None, help="default datasets/distill/<target>[-followups]"),
     threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
-    """Have the target answer training prompts; commit-ready token ids, resumable shard by shard."""
+    """Have the target answer training prompts (or follow-ups to its own answers); commit-ready
+    token ids, resumable shard by shard."""
     from rich.progress import Progress
 
     from harness.target import Target
-    from harness.train.distill import DistillPlan, distill as run_distill
+    from harness.train.distill import DistillPlan, distill as run_distill, read_followups
 
     set_threads(threads)
-    plan = DistillPlan(str(prompts), n=n, samples=samples, max_new_tokens=max_new_tokens, shard_size=shard_size)
+    turn2 = {"base": base or target, "followups": read_followups(followups)} if followups else {}
+    plan = DistillPlan(str(prompts), n=n, samples=samples, max_new_tokens=max_new_tokens,
+                       max_prompt_tokens=max_prompt_tokens, shard_size=shard_size, **turn2)
     tgt = Target.load(target, device, dtype)
-    out = out or Path(__file__).resolve().parent / "datasets" / "distill" / target
+    out = out or Path(__file__).resolve().parent / "datasets" / "distill" / (f"{target}-followups" if followups else target)
     with Progress(console=err) as progress:
         res = run_distill(tgt, prompts, out, plan, batch_size=batch_size, max_shards=max_shards, progress=progress)
     console.print(res)
@@ -413,7 +420,8 @@ def distill(
 def train(
     method: str = typer.Option(..., "--method", "-m"),
     target: str = typer.Option("smollm2-135m"),
-    data: Optional[Path] = typer.Option(None, help="distill folder (default datasets/distill/<target>)"),
+    data: list[Path] = typer.Option([], help="distill folder, repeatable (default datasets/distill/<target>; add "
+                                    "datasets/distill/<target>-followups for second turns)"),
     prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
     steps: int = typer.Option(1500, help="optimiser steps (the same budget for every method by default)"),
     lr: Optional[float] = typer.Option(None, help="default: the method's own"),
@@ -456,7 +464,8 @@ def calibrate_tree_cmd(
     checkpoint: Optional[Path] = typer.Option(None, help="default: the method's reference weights"),
     nodes: int = typer.Option(15, help="draft nodes of the tree (verify width = nodes + 1)"),
     topk: int = typer.Option(10, help="deepest rank a node may take in its head"),
-    data: Optional[Path] = typer.Option(None, help="distill folder (default datasets/distill/<target>)"),
+    data: list[Path] = typer.Option([], help="distill folder, repeatable (default datasets/distill/<target>; add "
+                                    "datasets/distill/<target>-followups for second turns)"),
     prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
     shards: Optional[int] = typer.Option(None, help="use only the first N distill shards (the reference weights used 24)"),
     save: bool = typer.Option(False, "--save", help="write the tree into the checkpoint's config.json as its default"),

@@ -11,6 +11,13 @@ Prompt mix: the shared prompt file is 82% GSM8K math; the plan keeps every non-m
 subsamples math to at most `max_math_share` of the prompts. To widen the mix, each prompt gets a
 greedy response plus `samples - 1` sampled ones (T = 0.8, top-p 0.95): different continuations
 of the same prompt, which is what the draft meets when it is wrong.
+
+Second turns (`followups`): a plan can instead continue the greedy answers of a base folder (a
+sibling under datasets/distill/) with a follow-up request from a fixed list of generic
+instructions (`datasets/followups.jsonl`, written for this project, copied into the manifest),
+and store the target's answer to it. Benchmarks such as MT-Bench ask a second turn whose prompt
+holds the first answer; a small target often repeats itself there, and drafts trained only on
+single turns never saw that. Only the second answer is a training target.
 """
 from __future__ import annotations
 
@@ -43,11 +50,62 @@ class DistillPlan:
     max_math_share: float = 1 / 3
     shard_size: int = 96
     seed: int = 0
+    base: str | None = None            # follow-up plans: the sibling folder whose greedy answers they continue
+    followups: tuple[str, ...] = ()    # follow-up instructions (the text itself, so the plan hash covers it)
 
     def settings(self) -> dict:
         d = asdict(self)
         d["prompts_file"] = Path(self.prompts_file).name
+        if self.base is None:  # single-turn plans keep the settings (and hash) they always had
+            del d["base"], d["followups"]
+        else:
+            d["followups"] = list(self.followups)
         return d
+
+
+def read_followups(path: Path) -> tuple[str, ...]:
+    """Follow-up instructions, one {"text": ...} per line."""
+    if not path.is_file():
+        raise SpecbenchError(f"follow-up file {path} not found (the project's list is datasets/followups.jsonl)")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(str(json.loads(line)["text"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise SpecbenchError(f"{path}:{i}: malformed follow-up record ({e}); expected {{\"text\": ...}}") from None
+    if not out:
+        raise SpecbenchError(f"{path} holds no follow-ups")
+    return tuple(out)
+
+
+class Conversations:
+    """The chat messages of a distill job or record: the prompt, and for a follow-up plan the base
+    folder's greedy answer to it and the follow-up request. One builder for generation and for
+    feature extraction, so both see the same tokens."""
+
+    def __init__(self, target, prompts: dict[str, dict], plan_settings: dict, folder: Path) -> None:
+        self.prompts = prompts
+        self.followups = list(plan_settings.get("followups") or [])
+        self.first: dict[str, str] = {}
+        base = plan_settings.get("base")
+        if base:
+            base_dir = folder.parent / base
+            if not (base_dir / "manifest.json").exists():
+                raise SpecbenchError(f"{folder} continues the answers of {base_dir}, which has no manifest.json")
+            for rec in load_distilled(base_dir):
+                if rec["sample"] == 0:
+                    self.first[rec["prompt_id"]] = target.decode(rec["response_ids"])
+
+    def messages(self, rec: dict) -> list[dict[str, str]]:
+        pid = rec["prompt_id"]
+        if pid not in self.prompts:
+            raise SpecbenchError(f"prompt id {pid} is not in the prompt file; wrong --prompts?")
+        msgs = [{"role": "user", "content": self.prompts[pid]["prompt"]}]
+        if "followup" in rec:
+            msgs += [{"role": "assistant", "content": self.first[pid]},
+                     {"role": "user", "content": self.followups[rec["followup"]]}]
+        return msgs
 
 
 def encode_ids(ids: list[int]) -> str:
@@ -86,15 +144,26 @@ def select_prompts(prompts: dict[str, dict], plan: DistillPlan) -> list[str]:
     return chosen[: plan.n] if plan.n else chosen
 
 
-def build_jobs(target, prompts: dict[str, dict], plan: DistillPlan) -> list[dict]:
-    """(prompt id, sample index) jobs, length-bucketed: sorted by (sampled?, prompt length)."""
+def build_jobs(target, prompts: dict[str, dict], plan: DistillPlan, convs: Conversations) -> list[dict]:
+    """(prompt id, sample index[, follow-up index]) jobs, length-bucketed: sorted by (sampled?,
+    prompt length). A follow-up plan takes the base folder's greedy answers (capped at `n`, in a
+    seeded order), each with one follow-up drawn by the seed."""
+    rng = random.Random(plan.seed)
+    if plan.base is None:
+        chosen = [{"prompt_id": pid} for pid in select_prompts(prompts, plan)]
+    else:
+        pids = sorted(pid for pid in convs.first if pid in prompts)
+        rng.shuffle(pids)
+        chosen = [{"prompt_id": pid, "followup": rng.randrange(len(plan.followups))} for pid in pids]
     jobs = []
-    for pid in select_prompts(prompts, plan):
-        ids = target.encode_chat([{"role": "user", "content": prompts[pid]["prompt"]}])
+    for job in chosen:
+        ids = target.encode_chat(convs.messages(job))
         if len(ids) > plan.max_prompt_tokens:
             continue
         for s in range(plan.samples):
-            jobs.append({"prompt_id": pid, "sample": s, "prompt_len": len(ids)})
+            jobs.append({**job, "sample": s, "prompt_len": len(ids)})
+        if plan.base is not None and plan.n and len(jobs) >= plan.n * plan.samples:
+            break
     jobs.sort(key=lambda j: (j["sample"] > 0, j["prompt_len"], j["prompt_id"], j["sample"]))
     return jobs
 
@@ -128,9 +197,11 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
             max_shards: int | None = None, progress=None) -> dict:
     """Generate the plan's missing shards into out_dir; returns counts. Resumable."""
     prompts = read_prompts(prompts_file)
-    jobs = build_jobs(target, prompts, plan)
+    convs = Conversations(target, prompts, plan.settings(), out_dir)
+    jobs = build_jobs(target, prompts, plan, convs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan_hash = hashlib.sha256(json.dumps([plan.settings(), [(j["prompt_id"], j["sample"]) for j in jobs]]).encode()).hexdigest()[:12]
+    keys = [(j["prompt_id"], j["sample"]) + ((j["followup"],) if "followup" in j else ()) for j in jobs]
+    plan_hash = hashlib.sha256(json.dumps([plan.settings(), keys]).encode()).hexdigest()[:12]
     manifest_path = out_dir / "manifest.json"
     manifest = {"target": target.name, "vocab_hash": target.vocab_hash(), "plan": plan.settings(),
                 "plan_hash": plan_hash, "jobs": len(jobs), "shard_size": plan.shard_size,
@@ -157,9 +228,10 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
             chunk = shard[b : b + batch_size]
             sampled = chunk[0]["sample"] > 0
             seed = plan.seed * 1_000_003 + si * 1000 + b
-            batch_ids = [target.encode_chat([{"role": "user", "content": prompts[j["prompt_id"]]["prompt"]}]) for j in chunk]
+            batch_ids = [target.encode_chat(convs.messages(j)) for j in chunk]
             for j, (resp, stop) in zip(chunk, _generate_batch(target, batch_ids, plan, sampled, seed)):
                 lines.append({"prompt_id": j["prompt_id"], "sample": j["sample"],
+                              **({"followup": j["followup"]} if "followup" in j else {}),
                               "temperature": plan.temperature if sampled else 0.0,
                               "top_p": plan.top_p if sampled else 1.0, "seed": seed if sampled else None,
                               "max_new_tokens": plan.max_new_tokens, "stop": stop, "n": len(resp),

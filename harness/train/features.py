@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from harness.errors import SpecbenchError
 from harness.target import cache_root
-from harness.train.distill import decode_ids, read_prompts
+from harness.train.distill import Conversations, decode_ids, read_prompts
 
 
 def feature_dir(target, distill_dir: Path, manifest: dict | None = None) -> Path:
@@ -27,13 +27,15 @@ def feature_dir(target, distill_dir: Path, manifest: dict | None = None) -> Path
     return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}"
 
 
-def _conversations(target, shard: Path, prompts: dict[str, dict]) -> list[tuple[list[int], int]]:
+def _conversations(target, shard: Path, convs: Conversations) -> list[tuple[list[int], int]]:
+    """(token ids, length of everything before the final answer) of each record of a shard."""
     out = []
     for line in shard.read_text().splitlines():
         rec = json.loads(line)
-        if rec["prompt_id"] not in prompts:
-            raise SpecbenchError(f"{shard}: prompt id {rec['prompt_id']} is not in the prompt file; wrong --prompts?")
-        prompt = target.encode_chat([{"role": "user", "content": prompts[rec["prompt_id"]]["prompt"]}])
+        try:
+            prompt = target.encode_chat(convs.messages(rec))
+        except SpecbenchError as e:
+            raise SpecbenchError(f"{shard}: {e}") from None
         out.append((prompt + decode_ids(rec["response"]), len(prompt)))
     return out
 
@@ -50,12 +52,12 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
         raise SpecbenchError(f"{distill_dir} was distilled with another tokenizer than target '{target.name}'")
     out = feature_dir(target, distill_dir, manifest)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = read_prompts(prompts_file)
+    convs = Conversations(target, read_prompts(prompts_file), manifest.get("plan", {}), distill_dir)
     files = sorted(distill_dir.glob("shard-*.jsonl"))[:shards]
     todo = [s for s in files if not (out / (s.stem + ".safetensors")).exists()]
     task = progress.add_task("features", total=len(todo)) if progress else None
     for shard in todo:
-        tensors = shard_tensors(target, _conversations(target, shard, prompts), batch_size, layers)
+        tensors = shard_tensors(target, _conversations(target, shard, convs), batch_size, layers)
         tmp = out / f".{shard.stem}.tmp"
         save_file(tensors, str(tmp), metadata={"source": shard.name})
         os.replace(tmp, out / (shard.stem + ".safetensors"))

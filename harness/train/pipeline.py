@@ -17,7 +17,7 @@ DEFAULT_PROMPTS = Path("../shared/data/train_prompts/prompts.jsonl")
 
 
 def train_method(target, method: str, overrides: dict[str, Any], *, steps: int = 1500, lr: float | None = None,
-                 data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
+                 data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
                  max_len: int = 1024, autocast: str = "auto", out: Path | None = None,
                  init_from: Path | None = None, console: Console | None = None,
                  shards: int | None = None) -> dict[str, Any]:
@@ -57,18 +57,23 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     return {**result, "out": str(out)}
 
 
-def load_dataset(target, data: Path | None = None, prompts: Path = DEFAULT_PROMPTS, console: Console | None = None,
-                 shards: int | None = None):
-    """The shared distilled dataset (its first `shards` shards, if given) with its train/held-out
-    split; features are extracted first."""
+def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
+                 console: Console | None = None, shards: int | None = None):
+    """The shared distilled dataset of one or more distill folders (default datasets/distill/<target>;
+    the first `shards` shards of each, if given) with its train/held-out split; features are
+    extracted first. The split hashes a conversation's opening, so a follow-up conversation lands
+    on the same side as its first turn."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
     from methods.base import REPO_ROOT
 
-    data = data or REPO_ROOT / "datasets" / "distill" / target.name
+    folders = list(data or [REPO_ROOT / "datasets" / "distill" / target.name])
+    loaded = []
     with Progress(console=console or Console(stderr=True)) as progress:
-        feats = extract_features(target, data, prompts, progress=progress, shards=shards)
-    return FeatureDataset(load_feature_shards(feats, shards))
+        for folder in folders:
+            feats = extract_features(target, Path(folder), prompts, progress=progress, shards=shards)
+            loaded += load_feature_shards(feats, shards)
+    return FeatureDataset(loaded)
 
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""Self-distillation data: single-turn plans and follow-up (second-turn) plans, through feature
+extraction, on the tiny Llama with a byte-level 'chat' encoding (no tokenizer, seconds)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.errors import SpecbenchError
+from harness.train.distill import DistillPlan, distill, load_distilled, read_followups
+from harness.train.features import extract_features, load_feature_shards
+from methods.base import REPO_ROOT
+
+
+@pytest.fixture
+def chat_target():
+    from tests.conftest import make_tiny_target
+
+    target = make_tiny_target()
+
+    def encode_chat(messages):  # role marker + bytes; long enough to hold a first answer
+        return [t for m in messages for t in [91 if m["role"] == "user" else 92]
+                + [b % 90 + 1 for b in m["content"].encode()]][:120]
+
+    target.encode_chat = encode_chat
+    target.decode = lambda ids: "".join(chr(97 + i % 26) for i in ids)
+    return target
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "category": "writing", "prompt": f"tell me about thing {i}"}) + "\n"
+                            for i in range(6)))
+    return path
+
+
+def test_single_turn_then_follow_ups_give_multi_turn_training_conversations(chat_target, prompt_file, tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    base = tmp_path / "distill" / "tiny"
+    plan = DistillPlan(str(prompt_file), samples=1, max_new_tokens=6, shard_size=4)
+    assert distill(chat_target, prompt_file, base, plan, batch_size=4)["generated_now"] == 2
+    first = {r["prompt_id"]: r["response_ids"] for r in load_distilled(base)}
+    assert len(first) == 6 and all(len(ids) == 6 for ids in first.values())
+
+    followups = read_followups(REPO_ROOT / "datasets" / "followups.jsonl")
+    turn2 = tmp_path / "distill" / "tiny-followups"
+    fplan = DistillPlan(str(prompt_file), n=4, samples=1, max_new_tokens=5, max_prompt_tokens=120, shard_size=3,
+                        base="tiny", followups=followups)
+    assert distill(chat_target, prompt_file, turn2, fplan, batch_size=4)["generated_now"] == 2
+    recs = load_distilled(turn2)
+    assert len(recs) == 4 and all(0 <= r["followup"] < len(followups) for r in recs)
+    manifest = json.loads((turn2 / "manifest.json").read_text())
+    assert manifest["plan"]["base"] == "tiny" and manifest["plan"]["followups"] == list(followups)
+    # resumable: nothing left to do, same plan hash
+    assert distill(chat_target, prompt_file, turn2, fplan, batch_size=4)["generated_now"] == 0
+
+    # Features: the conversation is prompt, first answer, follow-up, second answer; only the
+    # second answer is a training target.
+    shards = load_feature_shards(extract_features(chat_target, turn2, prompt_file))
+    rec = sorted(recs, key=lambda r: r["prompt_id"])
+    got = {}
+    for shard in shards:
+        off = shard["offsets"].tolist()
+        for i in range(len(off) - 1):
+            ids = shard["input_ids"][off[i]: off[i + 1]].tolist()
+            got[tuple(ids)] = int(shard["prompt_len"][i])
+    for r in rec:
+        prompt = chat_target.encode_chat([
+            {"role": "user", "content": f"tell me about thing {r['prompt_id'][1:]}"},
+            {"role": "assistant", "content": chat_target.decode(first[r["prompt_id"]])},
+            {"role": "user", "content": followups[r["followup"]]}])
+        assert got[tuple(prompt + r["response_ids"])] == len(prompt)
+
+
+def test_follow_up_file_errors_are_one_line(tmp_path):
+    with pytest.raises(SpecbenchError, match="not found"):
+        read_followups(tmp_path / "none.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"txt": "oops"}\n')
+    with pytest.raises(SpecbenchError, match=r"bad.jsonl:2: malformed follow-up"):
+        read_followups(bad)
