@@ -56,7 +56,7 @@ class Drafter(nn.Module):
         """Build the drafter for a run. Learned methods override this to find and load weights."""
         if checkpoint is not None and not cls.trainable:
             raise SpecbenchError(f"method '{cls.name}' is training-free and takes no --checkpoint")
-        return cls(target, overrides)
+        return cls(target, overrides).eval()
 
     # ---- the decoding protocol ------------------------------------------------------------
     def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
@@ -231,13 +231,13 @@ class LearnedDrafter(Drafter):
         cfg_path = folder / "config.json"
         meta = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         if meta.get("format") != "specbench":
-            return cls.load_official(folder, target, overrides or {})
+            return cls.load_official(folder, target, overrides or {}).eval()
         cls.check_meta(meta, folder, target)
         # `decode` holds inference defaults fitted to these weights (a static tree calibrated to the
         # heads, see harness/tree_search.py); --set still overrides them.
         drafter = cls(target, {**meta.get("arch", {}), **meta.get("decode", {}), **(overrides or {})})
         drafter.load_weights(folder / "model.safetensors")
-        return drafter
+        return drafter.eval()
 
     @classmethod
     def check_meta(cls, meta: dict[str, Any], folder: Path, target) -> None:

@@ -123,3 +123,18 @@ def test_warm_start_loads_the_checkpoint_and_counts_its_steps(tiny_target, tiny_
         warm_start(d, tmp_path / "nowhere", d.config)
     with pytest.raises(SpecbenchError, match="holds 'medusa' weights, not 'hydra'"):
         warm_start(Hydra(tiny_target, {"heads": 2, "layers": 1}), tmp_path / "stage1", {})
+
+
+def test_loaded_drafters_decode_in_eval_mode(tiny_target, tmp_path):
+    """Hydra's heads have dropout: a drafter loaded for a run must be in eval mode, or its drafts
+    (and so τ, never the output) would depend on the RNG state."""
+    d = Hydra(tiny_target, {"heads": 2, "layers": 2, "dropout": 0.5})
+    d.save_pretrained(tmp_path / "ck")
+    loaded = Hydra.create(tiny_target, {"dropout": 0.5}, str(tmp_path / "ck"))
+    assert not any(m.training for m in loaded.modules())
+    x = torch.randn(3, tiny_target.hidden_size * 3)
+    torch.manual_seed(1)
+    a = loaded.hydra_head[1](x)
+    torch.manual_seed(2)
+    assert torch.equal(a, loaded.hydra_head[1](x))
+    assert not torch.equal(a, d.train().hydra_head[1](x))  # the control: dropout on changes it
