@@ -1,9 +1,8 @@
 """specbench command line: `python cli.py COMMAND --help` (or the `specbench` console script)."""
 from __future__ import annotations
 
-import json
-
 import functools
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -473,8 +472,8 @@ def calibrate_tree_cmd(
     device: str = typer.Option("auto"),
     threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
-    """Fit a static draft tree to a drafter's heads on the held-out distilled answers (training does
-    this itself; use it for older checkpoints or another node count)."""
+    """Fit a static draft tree to a drafter's heads on the held-out distilled answers (training
+    reports the same search for its configured node count; `--save` makes the tree the default)."""
     from harness.target import Target
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter, save_tree
     from harness.train.pipeline import load_dataset

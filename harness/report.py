@@ -326,10 +326,12 @@ def turn_frame(run: RunData) -> pd.DataFrame:
     for rec in run.records:
         turns_of.setdefault(rec["benchmark"], set()).add(int(rec["turn"]))
     multi = {b for b, t in turns_of.items() if len(t) > 1}
-    turns = sorted(set().union(*(turns_of[b] for b in multi))) if multi else []
+    if not multi:
+        return pd.DataFrame()
+    turns = sorted(set().union(*(turns_of[b] for b in multi)))
     ar_by_prompt = _ar_by_prompt(run)
     lines = []
-    for row in run.rows if multi else []:
+    for row in run.rows:
         recs = [r for r in run.row_records(row) if r["benchmark"] in multi]
         line = _row_fields(row)
         for t in turns:

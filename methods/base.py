@@ -231,13 +231,14 @@ class LearnedDrafter(Drafter):
         cfg_path = folder / "config.json"
         meta = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
         if meta.get("format") != "specbench":
-            return cls.load_official(folder, target, overrides or {}).eval()
-        cls.check_meta(meta, folder, target)
-        # `decode` holds inference defaults fitted to these weights (a static tree calibrated to the
-        # heads, see harness/tree_search.py); --set still overrides them.
-        drafter = cls(target, {**meta.get("arch", {}), **meta.get("decode", {}), **(overrides or {})})
-        drafter.load_weights(folder / "model.safetensors")
-        return drafter.eval()
+            drafter = cls.load_official(folder, target, overrides or {})
+        else:
+            cls.check_meta(meta, folder, target)
+            # `decode` holds inference defaults fitted to these weights (a static tree calibrated to
+            # the heads, see harness/tree_search.py); --set still overrides them.
+            drafter = cls(target, {**meta.get("arch", {}), **meta.get("decode", {}), **(overrides or {})})
+            drafter.load_weights(folder / "model.safetensors")
+        return drafter.eval()  # drafters decode in eval mode (Hydra's heads have dropout)
 
     @classmethod
     def check_meta(cls, meta: dict[str, Any], folder: Path, target) -> None:

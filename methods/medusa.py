@@ -51,10 +51,9 @@ class Medusa(LearnedDrafter):
         "heads": 5,
         "layers": 1,
         "share_lm_head": True,
-        # 15 draft nodes (bf16 here: a 16-token verify costs ~1.2x a step against ~1.6x for 64
-        # tokens). A trained checkpoint overrides this with the 15-node tree fitted to its own heads
-        # (config.json `decode.tree`, harness/tree_search.py); cpu_15 (the best 15 nodes of
-        # mc_sim_7b_63) is the fallback. The official tree is `--set tree=mc_sim_7b_63`.
+        # The best 15 nodes of mc_sim_7b_63 (bf16 here: a 16-token verify costs ~1.2x a step
+        # against ~1.6x for 64 tokens). A checkpoint whose config.json has a `decode.tree` (written
+        # by `calibrate-tree --save`) uses that instead. The official tree is `--set tree=mc_sim_7b_63`.
         "tree": "cpu_15",
         "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
     }

@@ -25,24 +25,23 @@ from rich.progress import Progress  # noqa: E402
 from harness.decode import GenerationConfig, generate  # noqa: E402
 from harness.results import collect_meta  # noqa: E402
 from harness.target import Target  # noqa: E402
-from harness.train.data import _held_out  # noqa: E402
-from harness.train.distill import decode_ids, read_prompts  # noqa: E402
+from harness.train.data import HOLDOUT_SHARE, _held_out  # noqa: E402
+from harness.train.distill import Conversations, load_distilled, read_prompts  # noqa: E402
 from methods.base import REPO_ROOT  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 
 
 def held_out_prompts(target: Target, distill: Path, prompts_file: Path, n: int) -> list[tuple[str, list[int]]]:
     """(prompt id, chat-templated prompt ids) of the first `n` held-out greedy conversations."""
-    prompts = read_prompts(prompts_file)
+    plan = json.loads((distill / "manifest.json").read_text())["plan"]
+    convs = Conversations(target, read_prompts(prompts_file), plan, distill)
     out = []
-    for shard in sorted(distill.glob("shard-*.jsonl")):
-        for line in shard.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["temperature"] != 0.0:
-                continue
-            prompt = target.encode_chat([{"role": "user", "content": prompts[rec["prompt_id"]]["prompt"]}])
-            if _held_out(0, torch.tensor(prompt + decode_ids(rec["response"])), 0.03):
-                out.append((rec["prompt_id"], prompt))
+    for rec in load_distilled(distill):
+        if rec["temperature"] != 0.0:
+            continue
+        prompt = target.encode_chat(convs.messages(rec))
+        if _held_out(0, torch.tensor(prompt + rec["response_ids"]), HOLDOUT_SHARE):
+            out.append((rec["prompt_id"], prompt))
     out.sort(key=lambda p: hashlib.sha256(p[0].encode()).hexdigest())  # a fixed, shard-order-free sample
     return out[:n]
 

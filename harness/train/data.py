@@ -36,6 +36,9 @@ class Sequence:
     prompt_len: int
 
 
+HOLDOUT_SHARE = 0.03  # of conversations, by a hash of their opening tokens
+
+
 def _held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
     h = hashlib.sha256(ids[:64].numpy().tobytes()).digest()
     return int.from_bytes(h[:4], "little") / 2**32 < share
@@ -45,7 +48,7 @@ class FeatureDataset:
     """All feature shards in memory (1 M tokens x 576 x bf16 is ~1.2 GB), split train/held-out by a
     hash of each conversation's opening tokens (stable across machines and shard orders)."""
 
-    def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = 0.03) -> None:
+    def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE) -> None:
         self.train: list[Sequence] = []
         self.valid: list[Sequence] = []
         for shard in shards:

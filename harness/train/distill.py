@@ -103,6 +103,8 @@ class Conversations:
             raise SpecbenchError(f"prompt id {pid} is not in the prompt file; wrong --prompts?")
         msgs = [{"role": "user", "content": self.prompts[pid]["prompt"]}]
         if "followup" in rec:
+            if pid not in self.first:
+                raise SpecbenchError(f"prompt id {pid} has no greedy answer in the base folder; was it re-distilled?")
             msgs += [{"role": "assistant", "content": self.first[pid]},
                      {"role": "user", "content": self.followups[rec["followup"]]}]
         return msgs
@@ -148,10 +150,10 @@ def build_jobs(target, prompts: dict[str, dict], plan: DistillPlan, convs: Conve
     """(prompt id, sample index[, follow-up index]) jobs, length-bucketed: sorted by (sampled?,
     prompt length). A follow-up plan takes the base folder's greedy answers (capped at `n`, in a
     seeded order), each with one follow-up drawn by the seed."""
-    rng = random.Random(plan.seed)
     if plan.base is None:
         chosen = [{"prompt_id": pid} for pid in select_prompts(prompts, plan)]
     else:
+        rng = random.Random(plan.seed)
         pids = sorted(pid for pid in convs.first if pid in prompts)
         rng.shuffle(pids)
         chosen = [{"prompt_id": pid, "followup": rng.randrange(len(plan.followups))} for pid in pids]
