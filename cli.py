@@ -174,6 +174,7 @@ def compare(
     record: bool = typer.Option(False, "--record", help="append one line per cell to the history file"),
     history_file: Optional[Path] = typer.Option(None, "--history",
                                                 help="history file for --record (default results/history.jsonl)"),
+    allow_dirty: bool = typer.Option(False, "--allow-dirty", help="--record a run made from uncommitted changes"),
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
     from harness.compare import run_grid, write_outputs
@@ -189,7 +190,7 @@ def compare(
     if record:
         from harness.regress import HISTORY_FILE, record_history
 
-        n = record_history(run_dir, history_file or HISTORY_FILE)
+        n = record_history(run_dir, history_file or HISTORY_FILE, allow_dirty)
         console.print(f"history: {n} cells appended to {history_file or HISTORY_FILE}")
     console.print(f"run folder: {run_dir}")
 
@@ -251,11 +252,13 @@ def plot(run_dir: Path = typer.Argument(..., help="a run folder")):
 @app.command()
 @friendly
 def baseline(run_dir: Path = typer.Argument(..., help="a run folder"),
-             save: Path = typer.Option(..., "--save", help="baseline JSON to write (e.g. results/baselines/X.json)")):
+             save: Path = typer.Option(..., "--save", help="baseline JSON to write (e.g. results/baselines/X.json)"),
+             allow_dirty: bool = typer.Option(False, "--allow-dirty",
+                                              help="save a baseline from a run made from uncommitted changes")):
     """Store per-cell τ and per-depth acceptance of a run, with its provenance, as a baseline."""
     from harness.regress import save_baseline
 
-    data = save_baseline(run_dir, save)
+    data = save_baseline(run_dir, save, allow_dirty)
     console.print(f"baseline: {len(data['cells'])} cells from {run_dir} -> {save}")
 
 
@@ -263,13 +266,19 @@ def baseline(run_dir: Path = typer.Argument(..., help="a run folder"),
 @friendly
 def regress(run_dir: Path = typer.Argument(..., help="a run folder"),
             baseline_file: Path = typer.Option(..., "--baseline", help="a file written by `cli.py baseline`"),
-            tolerance: float = typer.Option(0.02, help="allowed relative drop of τ")):
+            tolerance: float = typer.Option(0.02, help="allowed relative drop of τ"),
+            report: Optional[Path] = typer.Option(None, "--report", help="also write the verdict as JSON here")):
     """Compare a run's τ with a baseline per cell: exit 0 ok, 1 on a drop or missing cell, 2 if not comparable."""
     from rich.table import Table
 
-    from harness.regress import cell_name, check
+    from harness.regress import cell_name, check, write_verdict
 
     verdict = check(run_dir, baseline_file, tolerance)
+    console.print(f"baseline machine: {verdict.machines['baseline']}; run machine: {verdict.machines['run']}")
+    for w in verdict.warnings:
+        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    if report:
+        write_verdict(verdict, report, run_dir, baseline_file)
     shown = verdict.failed or [r for r in verdict.rows if r["status"] == "improved"]
     if shown:
         t = Table(show_header=True, header_style="bold")

@@ -132,13 +132,15 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     with console.status(f"loading {target}"):
         tgt = Target.load(target, device, dtype)
     dt_name = str(tgt.dtype).replace("torch.", "")
+    meta = collect_meta()
     result: dict[str, Any] = {"target": target, "dtype": dt_name, "threads": torch.get_num_threads(),
-                              "meta": collect_meta()}
+                              "cpu_kind": meta["cpu_kind"] if tgt.device.type == "cpu" else meta["gpu"], "meta": meta}
 
     with console.status("cost curve"):
         curve = cost_curve(tgt, contexts, sizes, repeats)
     result["cost_curve_ms"] = curve
-    table = Table(title=f"one forward of k tree tokens, {target} {dt_name}: ms (ratio to k=1)")
+    table = Table(title=f"one forward of k tree tokens, {target} {dt_name}, {result['cpu_kind']}, "
+                        f"{result['threads']} threads: ms (ratio to k=1)")
     table.add_column("context")
     for k in sizes:
         table.add_column(f"k={k}")

@@ -7,7 +7,8 @@ are not (they go into the history file for the record, never into a pass/fail).
   numeric τ and per-depth acceptance, with the run's provenance (target, dtype, device, CPU flags
   or GPU name, prompts, max new tokens, drafter checkpoint hashes).
 - `check(run_dir, file, tolerance)`: refuses (SpecbenchError, the CLI's exit 2) a run whose
-  provenance differs, naming the field; otherwise compares cell by cell: a τ more than
+  provenance differs in a field that can change τ at its dtype, naming the field (other
+  differences, e.g. AMX in float32, are warnings); otherwise compares cell by cell: a τ more than
   `tolerance` (relative) below the baseline, or a baseline cell missing from the run, fails.
 - `record_history(run_dir, file)`: appends one line per cell (commit, date, config hash, τ,
   speedup) to `results/history.jsonl`; `history_frame` / `plot_history` read it back.
@@ -18,7 +19,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,10 @@ from typing import Any
 import pandas as pd
 
 from harness.errors import SpecbenchError
+from harness.hardware import BF16_KERNEL_FLAGS, cpu_kind
 from harness.metrics import per_depth_acceptance
 from harness.report import RunData, fmt_temperature, load_run, main_cells, method_color
+from harness.results import refuse_dirty, repo_relative
 
 FORMAT = "specbench-baseline/1"
 DEFAULT_TOLERANCE = 0.02
@@ -88,6 +91,7 @@ def provenance(run: RunData) -> dict[str, Any]:
         "dtype": _one({r.get("dtype") for r in run.records}, "dtype", run_dir),
         "device": device,
         "cpu_flags": meta.get("cpu_flags") if device == "cpu" else None,
+        "cpu_model": meta.get("cpu_model") if device == "cpu" else None,
         "gpu": meta.get("gpu") if device != "cpu" else None,
         "max_new_tokens": config.get("max_new_tokens"),
         "prompts": prompts,
@@ -96,17 +100,25 @@ def provenance(run: RunData) -> dict[str, Any]:
     }
 
 
+def machine(prov: dict[str, Any]) -> str:
+    """One line naming the machine a provenance was measured on."""
+    if prov.get("device") not in (None, "cpu"):
+        return f"{prov.get('device')}: {prov.get('gpu') or 'unknown GPU'}"
+    return cpu_kind(prov.get("cpu_model") or "unknown CPU", prov.get("cpu_flags") or {})
+
+
 # ----------------------------------------------------------------------------- baseline
 
-def save_baseline(run_dir: Path, file: Path) -> dict[str, Any]:
+def save_baseline(run_dir: Path, file: Path, allow_dirty: bool = False) -> dict[str, Any]:
     run = load_run(run_dir)
+    refuse_dirty(run.meta, "baseline --save", allow_dirty)
     cells = run_cells(run)
     if not cells:
         raise SpecbenchError(f"{run_dir} has no method cells to baseline")
     meta = run.meta
     baseline = {
         "format": FORMAT,
-        "source": {"run_dir": str(run_dir), "commit": meta.get("commit"), "dirty": meta.get("dirty"),
+        "source": {"run_dir": repo_relative(run_dir), "commit": meta.get("commit"), "dirty": meta.get("dirty"),
                    "date": meta.get("date"), "config_hash": meta.get("config_hash")},
         "provenance": provenance(run),
         "cells": [{k: c[k] for k in ("method", "benchmark", "temperature", "acceptance", "tau", "per_depth",
@@ -143,6 +155,8 @@ def load_baseline(file: Path) -> dict[str, Any]:
 class Verdict:
     rows: list[dict[str, Any]]   # every baseline cell with status ok | improved | dropped | missing
     tolerance: float
+    warnings: list[str] = field(default_factory=list)   # provenance that differs without changing τ
+    machines: dict[str, str] = field(default_factory=dict)  # {"baseline": ..., "run": ...}
 
     @property
     def failed(self) -> list[dict[str, Any]]:
@@ -153,26 +167,53 @@ class Verdict:
         return 1 if self.failed else 0
 
 
+def write_verdict(verdict: Verdict, file: Path, run_dir: Path, baseline_file: Path) -> None:
+    """The verdict as JSON: both machines, the warnings and every cell's status."""
+    data = {"run_dir": repo_relative(run_dir), "baseline": repo_relative(baseline_file), "machines": verdict.machines,
+            "warnings": verdict.warnings, "tolerance": verdict.tolerance, "exit_code": verdict.exit_code,
+            "cells": verdict.rows}
+    Path(file).parent.mkdir(parents=True, exist_ok=True)
+    Path(file).write_text(_dump(data))
+
+
 def cell_name(c: dict[str, Any]) -> str:
     return f"{c['method']} {c['benchmark']} T={fmt_temperature(float(c['temperature']))} {c['acceptance']}"
 
 
-def _refuse(field: str, old: Any, new: Any) -> SpecbenchError:
-    def show(v: Any) -> str:
-        return json.dumps(v, default=str) if not isinstance(v, str) else v
-    return SpecbenchError(f"refusing to compare: {field} differs (baseline {show(old)}, run {show(new)}); "
+def _show(v: Any) -> str:
+    return json.dumps(v, default=str) if not isinstance(v, str) else v
+
+
+def _refuse(name: str, old: Any, new: Any) -> SpecbenchError:
+    return SpecbenchError(f"refusing to compare: {name} differs (baseline {_show(old)}, run {_show(new)}); "
                           "save a baseline from a run made like this one")
 
 
-def check_provenance(base: dict[str, Any], run: dict[str, Any], methods: set[str], benchmarks: set[str]) -> None:
-    """Raise naming the first field where the run cannot be compared with the baseline."""
-    for field in ("target", "dtype", "device", "max_new_tokens", "gpu"):
-        if base.get(field) != run.get(field):
-            raise _refuse(field, base.get(field), run.get(field))
+def check_provenance(base: dict[str, Any], run: dict[str, Any], methods: set[str], benchmarks: set[str]) -> list[str]:
+    """Raise naming the first field where the run cannot be compared with the baseline; return a
+    warning line for each field that differs but cannot change τ at this dtype.
+
+    What can change greedy τ is what can flip a token: the model, dtype, prompts, drafter weights,
+    and the kernels. On a CPU, float32 GEMMs use FMA kernels whatever the bf16 flags say, so AMX or
+    AVX512-BF16 change no float32 result the baseline holds (checked: the float32 reference
+    baseline, made on Sapphire Rapids with AMX, gives the same τ in every cell on an AMD EPYC
+    without AMX); in bf16/fp16 those flags pick other kernels with other rounding, so they refuse.
+    A GPU's name always refuses: its float32 GEMMs differ by architecture (TF32, split-K).
+    """
+    for name in ("target", "dtype", "device", "max_new_tokens", "gpu"):
+        if base.get(name) != run.get(name):
+            raise _refuse(name, base.get(name), run.get(name))
+    warnings = []
+    kernel_sensitive = base.get("dtype") != "float32"
     bflags, rflags = base.get("cpu_flags") or {}, run.get("cpu_flags") or {}
     for flag in sorted(set(bflags) | set(rflags)):
         if bflags.get(flag) != rflags.get(flag):
-            raise _refuse(f"cpu_flags.{flag}", bflags.get(flag), rflags.get(flag))
+            if kernel_sensitive and flag in BF16_KERNEL_FLAGS:
+                raise _refuse(f"cpu_flags.{flag}", bflags.get(flag), rflags.get(flag))
+            warnings.append(f"cpu_flags.{flag} differs (baseline {_show(bflags.get(flag))}, run "
+                            f"{_show(rflags.get(flag))}): no effect on {base.get('dtype')} τ, compared anyway")
+    if base.get("cpu_model") and run.get("cpu_model") and base["cpu_model"] != run["cpu_model"]:
+        warnings.append(f"cpu_model differs (baseline {base['cpu_model']}, run {run['cpu_model']}): compared anyway")
     for b in sorted(benchmarks):
         old, new = base["prompts"].get(b), run["prompts"].get(b)
         if new is None:
@@ -187,6 +228,7 @@ def check_provenance(base: dict[str, Any], run: dict[str, Any], methods: set[str
     for m in sorted(methods):
         if m in run["checkpoints"] and base["checkpoints"].get(m) != run["checkpoints"][m]:
             raise _refuse(f"drafter checkpoint hash of {m}", base["checkpoints"].get(m), run["checkpoints"][m])
+    return warnings
 
 
 def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERANCE) -> Verdict:
@@ -197,7 +239,8 @@ def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERAN
     cells = run_cells(run)
     prov = provenance(run)
     bcells = base["cells"]
-    check_provenance(base["provenance"], prov, {c["method"] for c in bcells}, {c["benchmark"] for c in bcells})
+    warnings = check_provenance(base["provenance"], prov, {c["method"] for c in bcells},
+                                {c["benchmark"] for c in bcells})
     exact = {(c["method"], c["benchmark"], float(c["temperature"]), c["acceptance"]): c for c in cells}
     loose = {(c["method"], c["benchmark"], float(c["temperature"])): c for c in cells}
     rows = []
@@ -216,14 +259,15 @@ def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERAN
                 "improved" if got["tau"] > b["tau"] * (1 + tolerance) + EPS else "ok")
             row.update(tau=got["tau"], change=change, status=status, depth1=(got["per_depth"] or [None])[0])
         rows.append(row)
-    return Verdict(rows, tolerance)
+    return Verdict(rows, tolerance, warnings, {"baseline": machine(base["provenance"]), "run": machine(prov)})
 
 
 # ----------------------------------------------------------------------------- history
 
-def record_history(run_dir: Path, file: Path = HISTORY_FILE) -> int:
+def record_history(run_dir: Path, file: Path = HISTORY_FILE, allow_dirty: bool = False) -> int:
     """Append one line per cell of the run to the history file; returns the number of lines."""
     run = load_run(run_dir)
+    refuse_dirty(run.meta, "--record", allow_dirty)
     meta = run.meta
     prov = provenance(run)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -18,12 +18,12 @@ import platform
 import socket
 import subprocess
 from datetime import datetime, timezone
-from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from harness.errors import SpecbenchError
+from harness.hardware import cpu_flags, cpu_kind, cpu_model
 
 # Fields joined (in this order) into a record's key; see `record_key`.
 KEY_FIELDS = (
@@ -31,8 +31,8 @@ KEY_FIELDS = (
 )
 # Packages whose versions change numbers (kernels, cache internals, quantisation readers).
 META_PACKAGES = ("torch", "transformers", "accelerate", "gguf", "pandas", "numpy", "specbench")
-# CPU flags that decide bf16 matmul speed on x86 (AMX > AVX512-BF16 > emulation on AVX2).
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# The checkout: run folders and checkpoints inside it are recorded relative to it.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 # Load left over for other processes before they compete with a run; see load_average_warning.
 LOAD_THRESHOLD = 0.5
 
@@ -71,40 +71,25 @@ def record_key(rec: dict) -> str:
 
 # ----------------------------------------------------------------------------- machine metadata
 
-@lru_cache(maxsize=1)
-def _cpuinfo() -> tuple[str | None, frozenset[str]]:
-    """(model name, flags of the first CPU) from /proc/cpuinfo; (None, empty) off Linux."""
-    model, flags = None, frozenset()
+def repo_relative(path: Path | str) -> str:
+    """`path` relative to the checkout when inside it, else its last two parts: committed
+    provenance must not carry the layout of the machine that wrote it."""
+    p = Path(path).resolve()
     try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return model, flags
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name == "model name" and model is None:
-            model = value.strip()
-        elif name in ("flags", "Features") and not flags:  # "Features" on ARM
-            flags = frozenset(value.split())
-        if model is not None and flags:
-            break
-    return model, flags
+        return p.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return "<outside the repository>/" + "/".join(p.parts[-2:])
 
 
-def cpu_flags() -> dict[str, bool]:
-    """The CPU flags that matter for bf16 speed: avx2, avx512f, avx512_bf16, amx_bf16, amx_tile.
-
-    All False where /proc/cpuinfo cannot be read (macOS, Windows): unknown is treated as absent.
-    """
-    flags = _cpuinfo()[1]
-    return {f: f in flags for f in CPU_FLAGS}
-
-
-def has_fast_bf16() -> bool:
-    """True when the CPU multiplies bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated
-    and usually slower than float32, so the target loader picks float32 instead."""
-    flags = cpu_flags()
-    return flags["amx_bf16"] or flags["avx512_bf16"]
+def refuse_dirty(meta: dict, what: str, allow_dirty: bool) -> None:
+    """Refuse to make reference results (`what`) from a run whose tree had uncommitted changes."""
+    if allow_dirty:
+        return
+    dirty = meta.get("dirty") or any(r.get("dirty") for r in meta.get("resumed_at", []) if isinstance(r, dict))
+    if dirty:
+        raise SpecbenchError(
+            f"{what}: the run was made from a tree with uncommitted changes (commit {str(meta.get('commit'))[:7]}+); "
+            "commit and rerun it, or pass --allow-dirty")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -170,7 +155,7 @@ def _torch_state() -> tuple[int | None, str | None, int]:
 def collect_meta() -> dict[str, Any]:
     """Software and machine state for meta.json. Never raises: anything unknown is null.
 
-    Keys: commit, dirty, date, python, packages, torch_threads, platform, cpu_model, cpu_flags,
+    Keys: commit, dirty, date, python, packages, torch_threads, platform, cpu_model, cpu_kind, cpu_flags,
     logical_cores, memory_gib, gpu, gpu_count, load_avg_1m, hostname.
     """
     commit, dirty = _git_state()
@@ -183,7 +168,8 @@ def collect_meta() -> dict[str, Any]:
         "packages": _package_versions(),
         "torch_threads": threads,
         "platform": platform.platform(),
-        "cpu_model": _cpuinfo()[0] or platform.processor() or platform.machine() or None,
+        "cpu_model": cpu_model(),
+        "cpu_kind": cpu_kind(),
         "cpu_flags": cpu_flags(),
         "logical_cores": os.cpu_count(),
         "memory_gib": _memory_gib(),
@@ -312,6 +298,10 @@ class RunDir:
                     f"use another --out or delete it"
                 )
             meta["runs"] = [*meta.get("runs", []), now]
+            # A resume from another commit or a dirty tree mixes provenance: say so in meta.json.
+            commit, dirty = _git_state()
+            if (commit, dirty) != (meta.get("commit"), meta.get("dirty")):
+                meta["resumed_at"] = [*meta.get("resumed_at", []), {"date": now, "commit": commit, "dirty": dirty}]
         # Write to a temp file and rename, so a crash never leaves a half-written meta.json.
         tmp = self.meta_path.with_name(f".meta.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -58,17 +58,14 @@ class TargetOutput:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 on a CPU with AMX/AVX512-BF16 (a 32-token verify then costs ~1.3x one step,
-    against ~2.5x in fp32), fp32 on other CPUs, bf16/fp16 on GPUs."""
+    """A dtype name, or `auto`: `harness.hardware.auto_dtype` for this machine's CPU flags or GPU."""
     if name != "auto":
         if name not in DTYPES:
             raise unknown("dtype", name, [*DTYPES, "auto"])
         return DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    from harness.results import has_fast_bf16
+    from harness.hardware import auto_dtype
 
-    return torch.bfloat16 if has_fast_bf16() else torch.float32
+    return DTYPES[auto_dtype(device.type)]
 
 
 def resolve_device(name: str) -> torch.device:

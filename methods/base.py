@@ -16,6 +16,7 @@ from torch import nn
 from harness.errors import SpecbenchError, did_you_mean
 from harness.results import config_hash
 from harness.tree import DraftTree
+from methods.checkpoint_io import check_shapes, read_config, read_weights, resolve_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UNREACHABLE = 1 << 30  # the rank of a token a drafter can never propose
@@ -228,8 +229,7 @@ class LearnedDrafter(Drafter):
     @classmethod
     def from_pretrained(cls, path: str | Path, target, overrides: dict[str, Any] | None = None) -> "LearnedDrafter":
         folder = resolve_checkpoint(path)
-        cfg_path = folder / "config.json"
-        meta = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        meta = read_config(folder, cls.weights_from or cls.name)
         if meta.get("format") != "specbench":
             drafter = cls.load_official(folder, target, overrides or {})
         else:
@@ -257,9 +257,7 @@ class LearnedDrafter(Drafter):
         """Load (a mapped) state dict strictly, cast to the target's dtype, and hash it."""
         import hashlib
 
-        from safetensors.torch import load_file
-
-        state = state if state is not None else load_file(str(file))
+        state = state if state is not None else read_weights(file, self.weights_from or self.name)
         self.load_state_strictly(state, file)
         h = hashlib.sha256()
         for k in sorted(state):
@@ -270,7 +268,8 @@ class LearnedDrafter(Drafter):
         self.to(device=self.target.device, dtype=self.target.dtype)
 
     def load_state_strictly(self, state: dict[str, torch.Tensor], file: Path) -> None:
-        """Copy `state` into this drafter's parameters (cast to their dtype); every key must fit."""
+        """Copy `state` into this drafter's parameters (cast to their dtype); every key and shape must fit."""
+        check_shapes(state, self.state_dict(), file, self.weights_from or self.name, self.target.name)
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise SpecbenchError(f"{file}: weights do not fit '{self.name}' as configured "
@@ -297,23 +296,3 @@ class LearnedDrafter(Drafter):
             f"no trained weights for '{cls.name}' on target '{target_name}' (looked in "
             f"{', '.join(str(p) for p in checkpoint_search_paths(target_name, name))}); train them with "
             f"`python cli.py train --method {cls.weights_from or cls.name} --target {target_name}` or pass --checkpoint")
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A local folder, or a hub id fetched with huggingface_hub (offline machines need it cached)."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return p
-    if p.exists():
-        return p.parent
-    import re
-
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)):
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(str(path)))
-        except Exception as e:  # noqa: BLE001 - any hub failure is one user-facing line
-            raise SpecbenchError(f"could not fetch checkpoint '{path}' ({str(e).splitlines()[0]}); "
-                                 "download it first and pass the folder") from None
-    raise SpecbenchError(f"checkpoint '{path}' not found: pass a folder with config.json + weights, or a hub id")

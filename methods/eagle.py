@@ -23,6 +23,7 @@ from harness.train.losses import masked_smooth_l1
 from harness.tree import DraftTree, StaticTree
 from harness.verify import processed_probs
 from methods.base import LearnedDrafter
+from methods.checkpoint_io import read_config, read_state
 
 # EAGLE-1's own "mc_sim_7b_63" (SafeAILab/EAGLE, eagle/model/choices.py): 25 nodes, depth 5.
 EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0],
@@ -177,10 +178,8 @@ class EagleCore(LearnedDrafter):
 
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "EagleCore":
-        import json
-
-        state = _read_state(folder)
-        cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+        state = read_state(folder, cls.weights_from or cls.name)
+        cfg = read_config(folder, cls.weights_from or cls.name)
         if cfg.get("hidden_size", target.hidden_size) != target.hidden_size:
             raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
         mapped = cls.map_official(state)
@@ -208,27 +207,6 @@ def draft_layer_config(draft_cfg: dict, target) -> dict | None:
         if draft_cfg[key] != have:
             out[key] = draft_cfg[key]
     return out or None
-
-
-def _read_state(folder) -> dict[str, torch.Tensor]:
-    from pathlib import Path
-
-    folder = Path(folder)
-    st = sorted(folder.glob("*.safetensors"))
-    if st:
-        from safetensors.torch import load_file
-
-        state: dict[str, torch.Tensor] = {}
-        for f in st:
-            state.update(load_file(str(f)))
-        return state
-    bins = sorted(folder.glob("*.bin")) + sorted(folder.glob("*.pt"))
-    if not bins:
-        raise SpecbenchError(f"{folder} holds no weights (*.safetensors, pytorch_model.bin)")
-    state = {}
-    for f in bins:
-        state.update(torch.load(f, map_location="cpu", weights_only=True))
-    return state
 
 
 class Eagle(EagleCore):

@@ -20,17 +20,19 @@ from methods.eagle import EagleCore
 
 
 def rerank(scores: torch.Tensor, parents: list[int], keep: int) -> list[int]:
-    """Indices of the `keep` best candidates, ascending (parents precede children), closed under
-    parents: a candidate whose parent was not kept (possible only through score ties) is skipped."""
+    """Indices of the `keep` best candidates, ascending (parents precede children).
+
+    The set is closed under parents: a candidate's score is its parent's plus a log-prob (<= 0),
+    so it never beats its parent, and ties (a child of probability ~1) are broken by index with a
+    stable sort, which puts the parent (always the lower index) first. So the tree has exactly
+    `keep` nodes whatever the weights, on every CPU.
+    """
     keep = min(keep, scores.numel())
-    chosen = sorted(torch.topk(scores, keep).indices.tolist())
-    kept: set[int] = set()
-    out = []
-    for c in chosen:
-        if parents[c] < 0 or parents[c] in kept:
-            kept.add(c)
-            out.append(c)
-    return out
+    order = torch.sort(scores, descending=True, stable=True).indices[:keep]
+    chosen = sorted(order.tolist())
+    kept = set(chosen)
+    assert all(parents[c] < 0 or parents[c] in kept for c in chosen), "a child scored above its parent"
+    return chosen
 
 
 def kept_nodes(keep: list[int], toks: list[int], parents: list[int], scores: list[float],

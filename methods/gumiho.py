@@ -210,9 +210,9 @@ class Gumiho(EagleCore):
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Gumiho":
-        from methods.eagle import _read_state
+        from methods.checkpoint_io import read_state
 
-        state = _read_state(folder)
+        state = read_state(folder, cls.name)
         mapped = {}
         for key, val in state.items():
             if key.startswith("embed_tokens.") or "rotary_emb" in key:

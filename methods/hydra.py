@@ -153,10 +153,10 @@ class Hydra(LearnedDrafter):
         the official shared ResBlock tensor lands in each of our distinct blocks),
         `hydra_lm_head.{i}.1.*` -> `hydra_head.{i}.proj.*`. The unused prefix embedding, the copy of
         the base embedding (`input_embed_fn`) and the stored `inv_freq` are dropped."""
-        from methods.eagle import _read_state
+        from methods.checkpoint_io import read_state
 
         mapped = {}
-        for k, v in _read_state(folder).items():
+        for k, v in read_state(folder, cls.name).items():
             if k.startswith("prefix_embeding_layer."):
                 if "embed_tokens" in k or "inv_freq" in k:
                     continue

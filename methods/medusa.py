@@ -111,9 +111,9 @@ class Medusa(LearnedDrafter):
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Medusa":
         """`medusa_lm_head.pt`: the state dict of the head ModuleList, keys `{i}.{j}.linear.*` and
         `{i}.{L}.weight` (the per-head vocab projection): ours with a `medusa_head.` prefix."""
-        from methods.eagle import _read_state
+        from methods.checkpoint_io import read_state
 
-        state = {f"medusa_head.{k}": v for k, v in _read_state(folder).items()}
+        state = {f"medusa_head.{k}": v for k, v in read_state(folder, cls.name).items()}
         heads = 1 + max(int(k.split(".")[1]) for k in state)
         layers = max(int(k.split(".")[2]) for k in state)
         arch = {"heads": heads, "layers": layers, "share_lm_head": not any(k.endswith(f".{layers}.weight")

@@ -115,7 +115,7 @@ def test_run_with_extra_cells_passes(run_dir, tmp_path):
 @pytest.mark.parametrize("change,field", [
     (lambda run, meta: edit_records(run, lambda r: r.update(dtype="bfloat16")), "dtype"),
     (lambda run, meta: edit_records(run, lambda r: r.update(target="other")), "target"),
-    (lambda run, meta: edit_json(meta, lambda m: m["cpu_flags"].update(amx_bf16=True)), "cpu_flags.amx_bf16"),
+    (lambda run, meta: edit_records(run, lambda r: r.update(device="cuda")), "device"),
     (lambda run, meta: edit_json(meta, lambda m: m["config"].update(max_new_tokens=64)), "max_new_tokens"),
     (lambda run, meta: edit_records(run, lambda r: r["question_id"] != 103 or r["benchmark"] != "mt_bench"),
      "prompts of mt_bench (question ids)"),
@@ -133,6 +133,26 @@ def test_provenance_mismatch_is_refused_with_exit_2(run_dir, baseline, change, f
     assert res.exit_code == 2, res.output
     text = " ".join(res.output.split())
     assert text.startswith("error: refusing to compare") and field in text, text
+
+
+def test_reference_results_come_from_a_clean_tree(run_dir, tmp_path):
+    """`baseline --save` and `compare --record` refuse a run made from uncommitted changes
+    (or resumed from them) unless --allow-dirty; the baseline names its run folder relative to
+    the repository, never by a path of the machine that made it."""
+    edit_json(run_dir / "meta.json", lambda m: m.update(dirty=True))
+    res = cli.invoke(app, ["baseline", str(run_dir), "--save", str(tmp_path / "b.json")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "--allow-dirty" in res.output
+    with pytest.raises(SpecbenchError, match="uncommitted"):
+        regress.record_history(run_dir, tmp_path / "h.jsonl")
+    edit_json(run_dir / "meta.json", lambda m: m.update(dirty=False, resumed_at=[{"commit": "x", "dirty": True}]))
+    assert cli.invoke(app, ["baseline", str(run_dir), "--save", str(tmp_path / "b.json")]).exit_code == 2
+    res = cli.invoke(app, ["baseline", str(run_dir), "--save", str(tmp_path / "b.json"), "--allow-dirty"])
+    assert res.exit_code == 0, res.output
+    source = json.loads((tmp_path / "b.json").read_text())["source"]["run_dir"]
+    assert source == "<outside the repository>/" + "/".join(run_dir.parts[-2:])
+    inside = regress.REPO_ROOT / "results" / "runs" / "x"
+    from harness.results import repo_relative
+    assert repo_relative(inside) == "results/runs/x"
 
 
 def test_bad_baseline_file_is_one_line(run_dir, tmp_path):

@@ -178,7 +178,7 @@ def test_record_key():
 def test_collect_meta_has_keys():
     meta = results.collect_meta()
     for key in ("commit", "dirty", "date", "python", "packages", "torch_threads", "platform",
-                "cpu_model", "cpu_flags", "logical_cores", "memory_gib", "gpu", "load_avg_1m",
+                "cpu_model", "cpu_kind", "cpu_flags", "logical_cores", "memory_gib", "gpu", "load_avg_1m",
                 "hostname"):
         assert key in meta
     assert set(meta["packages"]) >= {"torch", "transformers", "accelerate", "gguf", "pandas",
@@ -187,7 +187,9 @@ def test_collect_meta_has_keys():
     assert all(isinstance(v, bool) for v in meta["cpu_flags"].values())
     assert meta["date"].endswith("+00:00")
     json.dumps(meta)  # meta.json must be able to hold it
-    assert isinstance(results.has_fast_bf16(), bool)
+    from harness.hardware import has_fast_bf16
+
+    assert isinstance(has_fast_bf16(), bool)
 
 
 def test_load_average_warning(monkeypatch):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -47,28 +48,59 @@ def _trained(cls, tiny_target, tmp_path, config):
     return d.eval()
 
 
+# Ranks below come from a full-sequence forward, decoding's from an incremental cached forward:
+# float32 hidden states that differ by ~1e-6 relative, so head logits (magnitude ~10 here) by
+# ~1e-5. Only a step whose truth logit sits within NEAR_TIE of a competitor can rank differently.
+NEAR_TIE = 1e-3
+
+
+def _truth_gaps(d, batch) -> torch.Tensor:
+    """[T, heads]: |true token's logit - its nearest competitor's| per position and head (inf past the end)."""
+    b, t = batch.input_ids.shape
+    out = torch.full((t, d.config["heads"]), float("inf"))
+    for k, off, hidden in d.teacher_forced_heads(batch):
+        proj = d.own_proj(k)
+        z = (proj(hidden) if proj is not None else d.draft_logits(hidden)).float()[0]
+        labels = batch.input_ids[0, off:]
+        at = z.gather(-1, labels[:, None])
+        gap = (z - at).abs().scatter(-1, labels[:, None], float("inf"))
+        out[: t - off, k] = gap.min(-1).values
+    return out
+
+
 @pytest.mark.parametrize("cls, config", [(Medusa, {"heads": 3}), (Hydra, {"heads": 3, "layers": 1})])
 def test_truth_ranks_predict_every_decoding_step(tiny_target, tmp_path, cls, config):
     """On the target's own greedy output, the rank rows say exactly how many drafts each step of
-    the real decoding loop accepts: the offsets of every head are the ones decoding uses."""
+    the real decoding loop accepts: the offsets of every head are the ones decoding uses. A step
+    may differ only at a float32 near tie between two head logits, which is reported with its gap."""
     d = _trained(cls, tiny_target, tmp_path, {**config, "tree": "cpu_15"})
     choices = d.tree.choices
     checked = accepted = 0
+    ties = []
     for p in tiny_prompts(tiny_target.vocab_size, 6, seed=41):
         gen = generate(tiny_target, p, GenerationConfig(40), d)
         seq = torch.tensor(p + gen.output_ids)
         hidden = tiny_target.forward(seq, tiny_target.new_cache()).hidden.float()
         ones = torch.ones(1, len(seq))
+        batch = DistillBatch(seq[None], hidden[None], hidden[None], ones, ones)
         with torch.no_grad():
-            rows = truth_ranks(d, DistillBatch(seq[None], hidden[None], hidden[None], ones, ones))[0]
+            rows = truth_ranks(d, batch)[0]
+            gaps = _truth_gaps(d, batch)
         t = len(p) - 1  # state: feature of the last accepted token; the root is x_{t+1}
         for got in gen.accepted:
             if t + 2 + d.tree.max_depth >= len(seq):
                 break  # the truth past the generated end is unknown
-            assert accepted_drafts(rows[t : t + 1], choices).item() == got
+            predicted = accepted_drafts(rows[t : t + 1], choices).item()
+            if predicted != got:
+                gap = float(gaps[t].min())
+                assert gap < NEAR_TIE, f"step at t={t}: ranks predict {predicted} drafts, decoding accepted {got} (gap {gap:.2e})"
+                ties.append(gap)
             checked, accepted = checked + 1, accepted + (got > 0)
             t += got + 1
-    assert checked >= 20 and accepted >= 5, (checked, accepted)
+    if ties:
+        warnings.warn(f"{len(ties)} decoding step(s) differed from the rank rows at float32 near ties "
+                      f"(logit gaps {', '.join(f'{g:.1e}' for g in ties)})")
+    assert len(ties) <= 2 and checked >= 20 and accepted >= 5, (ties, checked, accepted)
 
 
 def test_calibrated_tree_beats_the_preset_and_becomes_the_checkpoint_default(tiny_target, tmp_path):

@@ -82,24 +82,24 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     the data passes it began, which epoch-scheduled loss terms (Gumiho's MLP CE) continue from."""
     import json
 
-    from safetensors.torch import load_file
+    from harness.results import repo_relative
+    from methods.checkpoint_io import read_config, read_weights
 
-    meta_path = folder / "config.json"
-    if not meta_path.exists():
+    if not (folder / "config.json").exists():
         raise SpecbenchError(f"--init-from {folder}: no config.json there; point it at a trained specbench checkpoint")
-    meta = json.loads(meta_path.read_text())
+    meta = read_config(folder)
     drafter.check_meta(meta, folder, drafter.target)
     arch = {k: config[k] for k in drafter.arch_keys}
     if meta.get("arch") != arch:
         raise SpecbenchError(f"--init-from {folder} holds architecture {meta.get('arch')}, not {arch}: "
                              f"warm-start only from the same architecture")
     file = folder / "model.safetensors"
-    drafter.load_state_strictly(load_file(str(file)), file)  # keeps the float32 master weights
+    drafter.load_state_strictly(read_weights(file), file)  # keeps the float32 master weights
     training = meta.get("training") or {}
     epochs = training.get("total_epochs", training.get("epochs"))
     if epochs is None:  # checkpoints written before the summary counted epochs: read the log
         log = folder / "train_log.jsonl"
         rows = log.read_text().splitlines() if log.exists() else []
         epochs = json.loads(rows[-1])["epoch"] + 1 if rows else 0
-    return {"path": str(folder), "steps": int(training.get("total_steps", training.get("steps", 0))),
+    return {"path": repo_relative(folder), "steps": int(training.get("total_steps", training.get("steps", 0))),
             "seconds": float(training.get("total_seconds", training.get("seconds", 0.0))), "epochs": int(epochs)}
