@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from harness.errors import SpecbenchError
+from harness.core.errors import SpecbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark speculative decoders on one common code path.")
@@ -69,7 +69,7 @@ def run(
     out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
 ):
     """Run methods and AR on the same prompts; write records.jsonl, meta.json and summary.csv. Resumes."""
-    from harness.runner import RunConfig, Runner, parse_settings
+    from harness.runs.runner import RunConfig, Runner, parse_settings
 
     cfg = RunConfig(
         methods=split_csv(method), benchmarks=split_csv(benchmark), target=target, dtype=dtype, device=device,
@@ -101,7 +101,7 @@ def print_summary(df) -> None:
 @friendly
 def summary(run_dir: Path = typer.Argument(..., help="a run folder")):
     """Rebuild summary.csv of a run folder from its records.jsonl."""
-    from harness.runner import summarize_dir
+    from harness.runs.runner import summarize_dir
 
     print_summary(summarize_dir(run_dir))
 
@@ -113,13 +113,13 @@ PRESETS = {"paper": {"limit": None, "max_new_tokens": 512}}  # all 80 questions,
 def grid_spec(methods, benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, top_p,
               acceptance, seed, set_, chat_template, system_prompt):
     """The GridSpec of compare / ablate; --preset fills --limit / --max-new-tokens not given."""
-    from harness.compare import GridSpec
-    from harness.runner import parse_settings
+    from harness.runs.compare import GridSpec
+    from harness.runs.runner import parse_settings
 
     defaults = {"limit": 10, "max_new_tokens": 128}
     if preset is not None:
         if preset not in PRESETS:
-            from harness.errors import unknown
+            from harness.core.errors import unknown
 
             raise unknown("preset", preset, PRESETS)
         defaults = PRESETS[preset]
@@ -177,8 +177,8 @@ def compare(
     allow_dirty: bool = typer.Option(False, "--allow-dirty", help="--record a run made from uncommitted changes"),
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
-    from harness.compare import run_grid, write_outputs
-    from harness.runner import summarize_dir
+    from harness.runs.compare import run_grid, write_outputs
+    from harness.runs.runner import summarize_dir
 
     spec = grid_spec(split_csv(methods) if methods else None, benchmarks, temperature, target, dtype, device, limit,
                      max_new_tokens, preset, top_p, acceptance, seed, set_, chat_template, system_prompt)
@@ -188,7 +188,7 @@ def compare(
     print_markdown(run_dir / "tables" / "main.md")
     print_written(run_dir, paths)
     if record:
-        from harness.regress import HISTORY_FILE, record_history
+        from harness.runs.regress import HISTORY_FILE, record_history
 
         n = record_history(run_dir, history_file or HISTORY_FILE, allow_dirty)
         console.print(f"history: {n} cells appended to {history_file or HISTORY_FILE}")
@@ -217,7 +217,7 @@ def ablate(
     train_steps: int = typer.Option(1500, help="budget for training a variant whose architecture has no weights yet (0: refuse instead)"),
 ):
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
-    from harness.compare import run_ablation, write_outputs
+    from harness.runs.compare import run_ablation, write_outputs
 
     spec = grid_spec([method], benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, 1.0,
                      acceptance, seed, None, None, None)
@@ -233,7 +233,7 @@ def ablate(
 def table(run_dir: Path = typer.Argument(..., help="a run folder"),
           ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too")):
     """Rebuild DIR/tables/ (main or ablation, cost, depth: .md .tex .csv) from records.jsonl."""
-    from harness.report import write_tables
+    from harness.report.render import write_tables
 
     paths = write_tables(run_dir, ci)
     print_markdown(paths[0])
@@ -244,7 +244,7 @@ def table(run_dir: Path = typer.Argument(..., help="a run folder"),
 @friendly
 def plot(run_dir: Path = typer.Argument(..., help="a run folder")):
     """Rebuild DIR/plots/ (speedup, tau, depth, time [, ablation]: .png .svg) from records.jsonl."""
-    from harness.report import write_plots
+    from harness.report.render import write_plots
 
     print_written(run_dir, write_plots(run_dir))
 
@@ -256,7 +256,7 @@ def baseline(run_dir: Path = typer.Argument(..., help="a run folder"),
              allow_dirty: bool = typer.Option(False, "--allow-dirty",
                                               help="save a baseline from a run made from uncommitted changes")):
     """Store per-cell τ and per-depth acceptance of a run, with its provenance, as a baseline."""
-    from harness.regress import save_baseline
+    from harness.runs.regress import save_baseline
 
     data = save_baseline(run_dir, save, allow_dirty)
     console.print(f"baseline: {len(data['cells'])} cells from {run_dir} -> {save}")
@@ -271,7 +271,7 @@ def regress(run_dir: Path = typer.Argument(..., help="a run folder"),
     """Compare a run's τ with a baseline per cell: exit 0 ok, 1 on a drop or missing cell, 2 if not comparable."""
     from rich.table import Table
 
-    from harness.regress import cell_name, check, write_verdict
+    from harness.runs.regress import cell_name, check, write_verdict
 
     verdict = check(run_dir, baseline_file, tolerance)
     console.print(f"baseline machine: {verdict.machines['baseline']}; run machine: {verdict.machines['run']}")
@@ -312,7 +312,7 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="de
     """Plot τ over commits per method from the history that `compare --record` appends to."""
     from rich.table import Table
 
-    from harness.regress import HISTORY_FILE, history_frame, plot_history
+    from harness.runs.regress import HISTORY_FILE, history_frame, plot_history
 
     file = history_file or HISTORY_FILE
     frame = history_frame(file, target, dtype, temperature, benchmark)
@@ -332,8 +332,8 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="de
 @friendly
 def list_():
     """Methods, benchmarks and target aliases."""
-    from harness.benchmarks import BENCHMARKS
-    from harness.target import ALIASES
+    from harness.core.target import ALIASES
+    from harness.runs.benchmarks import BENCHMARKS
     from methods.registry import get_method, method_names
 
     console.print("[bold]methods[/]: ar (plain decoding, always run as the baseline)")
@@ -352,7 +352,7 @@ def fetch_data(dest: Path = typer.Argument(..., help="folder to write <benchmark
     """Download the six EAGLE-format question files and check their SHA-256."""
     from urllib.request import urlopen
 
-    from harness.benchmarks import fetch_data as fetch
+    from harness.runs.benchmarks import fetch_data as fetch
 
     paths = fetch(dest, opener=lambda url: urlopen(url, timeout=60), force=force)
     for p in paths:
@@ -377,7 +377,7 @@ def bench(
     out: Optional[Path] = typer.Option(None, help="write the results as JSON here"),
 ):
     """Cost curve of a k-token forward, our AR loop vs HF generate, and (--pld) pld vs HF prompt lookup."""
-    from harness.bench import run_bench
+    from harness.runs.bench import run_bench
 
     run_bench(target=target, dtype=dtype, device=device, contexts=[int(c) for c in split_csv(contexts)],
               sizes=[int(s) for s in split_csv(sizes)], repeats=repeats, ar_prompts=ar_prompts,
@@ -409,8 +409,9 @@ def distill(
     token ids, resumable shard by shard."""
     from rich.progress import Progress
 
-    from harness.target import Target
-    from harness.train.distill import DistillPlan, distill as run_distill, read_followups
+    from harness.core.target import Target
+    from harness.train.distill import DistillPlan, read_followups
+    from harness.train.distill import distill as run_distill
 
     set_threads(threads)
     turn2 = {"base": base or target, "followups": read_followups(followups)} if followups else {}
@@ -446,8 +447,8 @@ def train(
     threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
 ):
     """Train a drafter on the shared distilled data (features are extracted and cached first). Resumes."""
-    from harness.runner import parse_settings
-    from harness.target import Target
+    from harness.core.target import Target
+    from harness.runs.runner import parse_settings
     from harness.train.pipeline import train_method
     from methods.registry import get_method
 
@@ -483,7 +484,7 @@ def calibrate_tree_cmd(
 ):
     """Fit a static draft tree to a drafter's heads on the held-out distilled answers (training
     reports the same search for its configured node count; `--save` makes the tree the default)."""
-    from harness.target import Target
+    from harness.core.target import Target
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter, save_tree
     from harness.train.pipeline import load_dataset
     from methods.registry import get_method

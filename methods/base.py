@@ -13,12 +13,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from harness.errors import SpecbenchError, did_you_mean
-from harness.results import config_hash
-from harness.tree import DraftTree
+from harness.core.errors import SpecbenchError, did_you_mean
+from harness.core.hashing import config_hash
+from harness.core.paths import REPO_ROOT
+from harness.core.tree import DraftTree
 from methods.checkpoint_io import check_shapes, read_config, read_weights, resolve_checkpoint
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 UNREACHABLE = 1 << 30  # the rank of a token a drafter can never propose
 
 
@@ -63,10 +63,10 @@ class Drafter(nn.Module):
     def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
         """A new sequence: `prefill` holds the prompt's target hidden states; `root` is the first new token."""
 
-    def propose(self, ctx) -> DraftTree:  # ctx: harness.decode.DraftContext
+    def propose(self, ctx) -> DraftTree:  # ctx: harness.core.decode.DraftContext
         raise NotImplementedError
 
-    def observe(self, step) -> None:  # step: harness.decode.Acceptance
+    def observe(self, step) -> None:  # step: harness.core.decode.Acceptance
         """Accepted tokens and their target features after a verify step."""
 
     # ---- training and checkpoints (learned drafters) -----------------------------------------
@@ -85,7 +85,7 @@ def checkpoint_search_paths(target_name: str, method: str) -> list[Path]:
     """Where a drafter's weights are looked for, in order (after an explicit --checkpoint)."""
     import os
 
-    from harness.target import cache_root
+    from harness.core.target import cache_root
 
     paths = []
     if os.environ.get("SPECBENCH_CHECKPOINTS"):

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.errors import SpecbenchError
-
+from harness.core.errors import SpecbenchError
 
 
 def _refetch(method: str | None) -> str:

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.draft_layers import DecoderStack
-from harness.errors import SpecbenchError
+from harness.core.draft_layers import DecoderStack
+from harness.core.errors import SpecbenchError
+from harness.core.tree import DraftTree, StaticTree
+from harness.core.verify import processed_probs
 from harness.train.losses import masked_smooth_l1
-from harness.tree import DraftTree, StaticTree
-from harness.verify import processed_probs
 from methods.base import LearnedDrafter
 from methods.checkpoint_io import read_config, read_state
 

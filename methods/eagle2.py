@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.tree import DraftTree
+from harness.core.tree import DraftTree
 from methods.eagle import EagleCore
 
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.core.tree import DraftTree
 from harness.train.losses import masked_smooth_l1
-from harness.tree import DraftTree
 from methods.eagle import EagleCore
 from methods.eagle2 import build_tree, kept_nodes, rerank
 from methods.medusa import ResBlock
@@ -75,17 +75,17 @@ class Gumiho(EagleCore):
         if cfg["preset"] == "paper":
             cfg.update({k: v for k, v in PAPER_PRESET.items() if k not in overrides})
         elif cfg["preset"] != "default":
-            from harness.errors import unknown
+            from harness.core.errors import unknown
 
             raise unknown("gumiho preset", cfg["preset"], ["default", "paper"])
         for key, allowed in (("fta", ("off", "paper", "exact")), ("mlp_row_alignment", ("paper", "parent")),
                              ("serial_sibling_mask", ("paper", "eagle2"))):
             if cfg[key] not in allowed:
-                from harness.errors import unknown
+                from harness.core.errors import unknown
 
                 raise unknown(f"value for {key}", str(cfg[key]), allowed)
         if cfg["depth"] - cfg["mlp_heads"] < 1:
-            from harness.errors import SpecbenchError
+            from harness.core.errors import SpecbenchError
 
             raise SpecbenchError(f"gumiho needs depth > mlp_heads (one serial expansion at least); "
                                  f"got depth {cfg['depth']}, mlp_heads {cfg['mlp_heads']}")

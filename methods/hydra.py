@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.draft_layers import DecoderStack
-from harness.tree import DraftTree, StaticTree
+from harness.core.draft_layers import DecoderStack
+from harness.core.tree import DraftTree, StaticTree
 from methods.base import LearnedDrafter
 from methods.medusa import ResBlock
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.tree import DraftTree, StaticTree
+from harness.core.tree import DraftTree, StaticTree
 from methods.base import LearnedDrafter
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.tree import DraftTree
+from harness.core.tree import DraftTree
 from methods.base import Drafter
 
 # Relative cost of one cached forward of k tokens vs 1 token (SmolLM2-135M, 2 Sapphire Rapids cores;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from harness.errors import unknown
+from harness.core.errors import unknown
 
 # name -> "module:Class"; "ar" (plain decoding) is not a drafter and is handled by the runner.
 _ENTRIES: dict[str, str] = {

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.benchmarks import benchmark_names, load_questions  # noqa: E402
-from harness.decode import GenerationConfig, generate  # noqa: E402
-from harness.metrics import first_divergence  # noqa: E402
-from harness.target import Target  # noqa: E402
+from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.target import Target  # noqa: E402
+from harness.runs.benchmarks import benchmark_names, load_questions  # noqa: E402
+from harness.runs.metrics import first_divergence  # noqa: E402
 from methods.pld import PromptLookupDrafter  # noqa: E402
 from tests.oracle import OracleDrafter  # noqa: E402
 

@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -22,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
-from harness.decode import GenerationConfig, generate  # noqa: E402
-from harness.results import collect_meta  # noqa: E402
-from harness.target import Target  # noqa: E402
+from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.paths import REPO_ROOT  # noqa: E402
+from harness.core.target import Target  # noqa: E402
+from harness.runs.results import collect_meta  # noqa: E402
 from harness.train.data import HOLDOUT_SHARE, _held_out  # noqa: E402
 from harness.train.distill import Conversations, load_distilled, read_prompts  # noqa: E402
-from methods.base import REPO_ROOT  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 
 

@@ -35,7 +35,7 @@ def _tiny_llama(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 
 def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0):
     import torch
 
-    from harness.target import Target
+    from harness.core.target import Target
 
     return Target(_tiny_llama(vocab, hidden, layers, seed), None, "tiny-llama", torch.device("cpu"), torch.float32)
 
@@ -48,6 +48,6 @@ def tiny_target():
 @pytest.fixture(scope="session")
 def smollm2_fp32():
     """The real SmolLM2-135M target in float32, loaded once per session (installed by scripts/setup.sh)."""
-    from harness.target import Target
+    from harness.core.target import Target
 
     return Target.load("smollm2-135m", "cpu", "float32")

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from harness.tree import DraftTree
+from harness.core.tree import DraftTree
 from methods.base import Drafter
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import benchmarks as B
-from harness.errors import SpecbenchError
+from harness.core.errors import SpecbenchError
+from harness.runs import benchmarks as B
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 

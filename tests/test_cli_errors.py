@@ -58,8 +58,8 @@ def test_malformed_jsonl_names_the_line(shared_data, tmp_path):
 
 
 def test_empty_prompt_is_refused(tiny_target):
-    from harness.decode import GenerationConfig, generate
-    from harness.errors import SpecbenchError
+    from harness.core.decode import GenerationConfig, generate
+    from harness.core.errors import SpecbenchError
 
     with pytest.raises(SpecbenchError, match="empty prompt"):
         generate(tiny_target, [], GenerationConfig(4))

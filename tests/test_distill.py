@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from harness.errors import SpecbenchError
+from harness.core.errors import SpecbenchError
+from harness.core.paths import REPO_ROOT
 from harness.train.distill import DistillPlan, distill, load_distilled, read_followups
 from harness.train.features import extract_features, load_feature_shards
-from methods.base import REPO_ROOT
 
 
 @pytest.fixture

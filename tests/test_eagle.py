@@ -1,15 +1,14 @@
 """EAGLE / EAGLE-2: tree invariants, exactness after brief training, official checkpoint layout."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from harness.decode import DraftContext
-from harness.verify import Sampling
+from harness.core.decode import DraftContext
+from harness.core.verify import Sampling
 from methods.eagle import Eagle, EagleCore
 from methods.eagle2 import Eagle2
-from tests.train_helpers import vicuna7b_meta, assert_greedy_exact, tiny_dataset, train_quickly
+from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly, vicuna7b_meta
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,7 @@ def trained_eagle(tiny_target, tmp_path_factory):
 
 
 def _begin(d, target, prompt):
-    from harness.kvcache import KVCache
+    from harness.core.kvcache import KVCache
 
     cache = KVCache(target.num_layers)
     pre = target.forward(torch.tensor(prompt), cache)
@@ -116,7 +115,7 @@ def test_vicuna7b_sizes_on_meta_device():
 def test_rollout_steps_match_inference(tiny_target):
     """Step s of the unrolled training forward equals what inference computes: the true context up
     to the chain start on the draft cache, then the draft's own features fed forward."""
-    from harness.kvcache import KVCache
+    from harness.core.kvcache import KVCache
 
     torch.manual_seed(0)
     d = Eagle(tiny_target, {"rollout_steps": 3})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.decode import GenerationConfig, generate
+from harness.core.decode import GenerationConfig, generate
 from methods.pld import PromptLookupDrafter
 from tests.oracle import OracleDrafter
 

@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from cli import app
-from harness.results import RunDir
-from harness.runner import RunConfig, Runner
+from harness.runs.results import RunDir
+from harness.runs.runner import RunConfig, Runner
 
 REPO = Path(__file__).resolve().parent.parent
 EAGLE = REPO / "checkpoints" / "smollm2-135m" / "eagle"

@@ -1,15 +1,14 @@
 """Gumiho: candidate pool, MLP inputs, FTA variants, loss offsets, exactness, official layout."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from harness.decode import GenerationConfig, generate
+from harness.core.decode import GenerationConfig, generate
 from harness.train.data import DistillBatch
 from methods.gumiho import Gumiho, fta_exact
 from tests.test_eagle import _begin
-from tests.train_helpers import vicuna7b_meta, assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly
+from tests.train_helpers import assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly, vicuna7b_meta
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.errors import SpecbenchError
+from harness.core.errors import SpecbenchError
 from harness.train.data import DistillBatch
 from harness.train.losses import frozen_head_ce
 from harness.train.trainer import TrainConfig, Trainer

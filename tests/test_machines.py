@@ -10,10 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 from cli import app
-from harness import hardware, regress
-from harness.errors import SpecbenchError
-from harness.results import collect_meta
-from harness.target import resolve_dtype
+from harness.core import hardware
+from harness.core.errors import SpecbenchError
+from harness.core.target import resolve_dtype
+from harness.runs import regress
+from harness.runs.results import collect_meta
 from tests.test_regress import edit_json, edit_records
 from tests.test_report import write_run
 

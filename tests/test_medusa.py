@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.core.tree import StaticTree
 from harness.train.data import DistillBatch
-from harness.tree import StaticTree
 from methods.medusa import Medusa, static_tree_proposal
 from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.metrics import attach_divergences
-from harness.regress import check
-from harness.results import RunDir
-from harness.runner import RunConfig, Runner
+from harness.runs.metrics import attach_divergences
+from harness.runs.regress import check
+from harness.runs.results import RunDir
+from harness.runs.runner import RunConfig, Runner
 
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "smollm2-135m-reference-float32.json"
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from harness import report
-from harness.errors import SpecbenchError
-from harness.metrics import summarize
-from harness.results import RunDir, config_hash, record_key
+from harness.core.errors import SpecbenchError
+from harness.core.hashing import config_hash
+from harness.report import render as report
+from harness.runs.metrics import summarize
+from harness.runs.results import RunDir, record_key
 
 ACCEPT = {"pld": 0.35, "eagle": 0.7, "medusa": 0.55}
 PARAMS = {"pld": 0, "eagle": 1_234_567, "medusa": 456_000}
@@ -229,9 +230,9 @@ def test_plots_written(run_dir):
 
 
 def test_rebuild_by_cli_equals_compare_output(run_dir, tmp_path):
-    """What `compare` writes after its grid (harness.compare.write_outputs) equals `table` + `plot`."""
+    """What `compare` writes after its grid (harness.runs.compare.write_outputs) equals `table` + `plot`."""
     from cli import app
-    from harness.compare import write_outputs
+    from harness.runs.compare import write_outputs
 
     write_outputs(run_dir, ci=True)
     first = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.parent.name in ("tables", "plots")}
@@ -298,7 +299,7 @@ def test_rows_of_one_method_under_two_unlabelled_configs_stay_apart(tmp_path):
 # ----------------------------------------------------------------------------- compare / ablate
 
 def test_sweep_parsing_and_one_factor_at_a_time_variants():
-    from harness.compare import make_variants, parse_sweep, parse_values
+    from harness.runs.compare import make_variants, parse_sweep, parse_values
     from methods.pld import PromptLookupDrafter as P
 
     assert parse_values("5,10") == [5, 10]
@@ -324,7 +325,7 @@ def test_sweep_parsing_and_one_factor_at_a_time_variants():
     (["max_draft"], "key=v1,v2"),
 ])
 def test_bad_sweeps_are_one_line(pairs, needle):
-    from harness.compare import parse_sweep
+    from harness.runs.compare import parse_sweep
     from methods.pld import PromptLookupDrafter
 
     with pytest.raises(SpecbenchError, match=needle):
@@ -332,7 +333,7 @@ def test_bad_sweeps_are_one_line(pairs, needle):
 
 
 def test_sweep_of_defaults_only_is_refused():
-    from harness.compare import make_variants
+    from harness.runs.compare import make_variants
     from methods.pld import PromptLookupDrafter
 
     with pytest.raises(SpecbenchError, match="equals the default"):
@@ -365,7 +366,7 @@ class _Learned:
 
 
 def test_arch_variant_without_weights_names_train():
-    from harness.compare import check_arch_variants, make_variants
+    from harness.runs.compare import check_arch_variants, make_variants
 
     class T:
         name = "tiny"
@@ -380,7 +381,7 @@ def test_arch_variant_without_weights_names_train():
 
 def test_arch_variant_without_weights_is_trained_first(monkeypatch):
     import harness.train.pipeline as pipeline
-    from harness.compare import check_arch_variants, make_variants
+    from harness.runs.compare import check_arch_variants, make_variants
 
     class T:
         name = "tiny"
@@ -396,7 +397,7 @@ def test_arch_variant_without_weights_is_trained_first(monkeypatch):
 def test_discovery_takes_methods_whose_weights_are_found(monkeypatch):
     from rich.console import Console
 
-    from harness.compare import discover_methods
+    from harness.runs.compare import discover_methods
     from methods import registry
 
     class Found(_Learned):
@@ -450,7 +451,7 @@ def chat_tiny_target():
 def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, chat_tiny_target):
     from rich.console import Console
 
-    from harness.compare import GridSpec, run_ablation, write_outputs
+    from harness.runs.compare import GridSpec, run_ablation, write_outputs
 
     def spec():
         return GridSpec(methods=None, benchmarks=["mt_bench"], temperatures=[1.0, 0.0], target="tiny",

@@ -6,13 +6,20 @@ import math
 
 import pytest
 
-from harness import metrics, results
-from harness.errors import SpecbenchError
-from harness.metrics import (
-    SUMMARY_COLUMNS, bf16_ulp, first_divergence, is_near_tie, per_depth_acceptance, summarize,
-    tau, write_summary,
+from harness.core.errors import SpecbenchError
+from harness.core.hashing import config_hash
+from harness.runs import metrics, results
+from harness.runs.metrics import (
+    SUMMARY_COLUMNS,
+    bf16_ulp,
+    first_divergence,
+    is_near_tie,
+    per_depth_acceptance,
+    summarize,
+    tau,
+    write_summary,
 )
-from harness.results import RunDir, config_hash, default_run_dir, record_key
+from harness.runs.results import RunDir, default_run_dir, record_key
 
 
 def rec(method="pld", qid=0, new_tokens=10, wall_s=1.0, tokens=(), accepted=(), *,
@@ -187,7 +194,7 @@ def test_collect_meta_has_keys():
     assert all(isinstance(v, bool) for v in meta["cpu_flags"].values())
     assert meta["date"].endswith("+00:00")
     json.dumps(meta)  # meta.json must be able to hold it
-    from harness.hardware import has_fast_bf16
+    from harness.core.hardware import has_fast_bf16
 
     assert isinstance(has_fast_bf16(), bool)
 
@@ -281,7 +288,7 @@ def test_metrics_module_exports():
 
 
 def test_attach_divergences_marks_later_turns_inherited():
-    from harness.metrics import attach_divergences
+    from harness.runs.metrics import attach_divergences
 
     def rec(method, turn, out, seed):
         r = {"method": method, "config_hash": method, "benchmark": "mt_bench", "question_id": 81, "turn": turn,

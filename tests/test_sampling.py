@@ -37,10 +37,10 @@ from collections import Counter
 import pytest
 import torch
 
-import harness.verify
-from harness.decode import GenerationConfig, generate
-from harness.tree import DraftTree
-from harness.verify import Sampling, Verdict, processed_probs, sample
+import harness.core.verify
+from harness.core.decode import GenerationConfig, generate
+from harness.core.tree import DraftTree
+from harness.core.verify import Sampling, Verdict, processed_probs, sample
 from methods.base import Drafter
 from tests.conftest import make_tiny_target
 
@@ -340,8 +340,8 @@ def verify_biased(kind: str):
         "raw-bonus-point-mass-T0.7-top-p0.8"])
 def test_biased_rule_is_rejected(target, ar_logits, monkeypatch, kind, sampled, temperature, top_p):
     # The same statistic, samples and seeds as the fair case, with the rule swapped: `generate` calls
-    # harness.verify.verify, which looks verify_lossless up by module-global name.
-    monkeypatch.setattr(harness.verify, "verify_lossless", verify_biased(kind))
+    # harness.core.verify.verify, which looks verify_lossless up by module-global name.
+    monkeypatch.setattr(harness.core.verify, "verify_lossless", verify_biased(kind))
     seed = 1000 + 10 * CASES.index((temperature, top_p)) + int(sampled)  # the fair case's seed
     counts, joint, events, impossible = run_case(target, ar_logits, temperature, top_p, sampled, seed)
     stat, df, p = pooled_chi2(counts, joint)

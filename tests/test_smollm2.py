@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from harness.benchmarks import load_questions
-from harness.decode import GenerationConfig, generate
-from harness.results import RunDir
-from harness.runner import RunConfig, Runner
-from harness.tree import tree_from_parent_map
+from harness.core.decode import GenerationConfig, generate
+from harness.core.tree import tree_from_parent_map
+from harness.runs.benchmarks import load_questions
+from harness.runs.results import RunDir
+from harness.runs.runner import RunConfig, Runner
 from methods.pld import PromptLookupDrafter
 from tests.oracle import OracleDrafter
 from tests.train_helpers import assert_tree_logits_match_paths
@@ -90,7 +90,7 @@ def test_run_writes_records_summary_and_resumes(smollm2_fp32, shared_data, tmp_p
 
 
 def test_run_refuses_a_dir_with_another_config(smollm2_fp32, shared_data, tmp_path):
-    from harness.errors import SpecbenchError
+    from harness.core.errors import SpecbenchError
 
     _run(smollm2_fp32, shared_data, tmp_path / "r", limit=1).run()
     with pytest.raises(SpecbenchError, match="another config"):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.tree import DraftTree, tree_from_parent_map
-from harness.verify import Sampling, verify_greedy, verify_typical
+from harness.core.tree import DraftTree, tree_from_parent_map
+from harness.core.verify import Sampling, verify_greedy, verify_typical
 from tests.train_helpers import assert_tree_logits_match_paths
 
 

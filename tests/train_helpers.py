@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.decode import GenerationConfig, generate
+from harness.core.decode import GenerationConfig, generate
 from harness.train.data import FeatureDataset
 from harness.train.features import shard_tensors
 from harness.train.trainer import TrainConfig, Trainer

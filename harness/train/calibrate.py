@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.errors import SpecbenchError
-from harness.tree import TREE_PRESETS, StaticTree
+from harness.core.errors import SpecbenchError
+from harness.core.tree import TREE_PRESETS, StaticTree
 
 
 def is_static_tree_drafter(drafter) -> bool:
@@ -19,7 +19,7 @@ def is_static_tree_drafter(drafter) -> bool:
 def calibrate_tree(drafter, held_out: list, nodes: int, topk: int = 10) -> dict[str, Any]:
     """The best `nodes`-node static tree for `drafter` on the greedy answers among `held_out`,
     with the τ it and the built-in presets are expected to reach there."""
-    from harness.tree_search import best_static_tree, expected_tau, greedy_sequences, rank_table
+    from harness.train.tree_search import best_static_tree, expected_tau, greedy_sequences, rank_table
 
     if not is_static_tree_drafter(drafter):
         raise SpecbenchError(f"method '{drafter.name}' does not draft a static tree: calibrate-tree is for medusa and hydra")

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.errors import SpecbenchError
+from harness.core.errors import SpecbenchError
 
 MATH_CATEGORIES = {"math"}
 

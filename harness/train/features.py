@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness.errors import SpecbenchError
-from harness.target import cache_root
+from harness.core.errors import SpecbenchError
+from harness.core.target import cache_root
 from harness.train.distill import Conversations, decode_ids, read_prompts
 
 

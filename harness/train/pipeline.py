@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from harness.errors import SpecbenchError
+from harness.core.errors import SpecbenchError
 
 DEFAULT_PROMPTS = Path("../shared/data/train_prompts/prompts.jsonl")
 
@@ -25,9 +25,9 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
     checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
     the summary counts the earlier steps so the total budget stays traceable."""
+    from harness.core.paths import REPO_ROOT
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter
     from harness.train.trainer import TrainConfig, Trainer
-    from methods.base import REPO_ROOT
     from methods.registry import get_method
 
     console = console or Console(stderr=True)
@@ -63,9 +63,9 @@ def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT
     the first `shards` shards of each, if given) with its train/held-out split; features are
     extracted first. The split hashes a conversation's opening, so a follow-up conversation lands
     on the same side as its first turn."""
+    from harness.core.paths import REPO_ROOT
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
-    from methods.base import REPO_ROOT
 
     folders = list(data or [REPO_ROOT / "datasets" / "distill" / target.name])
     loaded = []
@@ -82,7 +82,7 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     the data passes it began, which epoch-scheduled loss terms (Gumiho's MLP CE) continue from."""
     import json
 
-    from harness.results import repo_relative
+    from harness.runs.results import repo_relative
     from methods.checkpoint_io import read_config, read_weights
 
     if not (folder / "config.json").exists():

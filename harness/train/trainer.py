@@ -44,7 +44,7 @@ def _use_bf16(mode: str, device: torch.device) -> bool:
         return False
     if mode == "bf16" or device.type == "cuda":
         return True
-    from harness.hardware import has_fast_bf16
+    from harness.core.hardware import has_fast_bf16
 
     return has_fast_bf16()
 

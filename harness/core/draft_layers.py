@@ -12,7 +12,7 @@ import copy
 import torch
 from torch import nn
 
-from harness.kvcache import KVCache
+from harness.core.kvcache import KVCache
 
 
 class DecoderStack(nn.Module):

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import SpecbenchError, unknown
+from harness.core.errors import SpecbenchError, unknown
+from harness.core.paths import REPO_ROOT
 
-MANIFEST_PATH = Path(__file__).resolve().parent.parent / "datasets" / "benchmarks.json"
+MANIFEST_PATH = REPO_ROOT / "datasets" / "benchmarks.json"
 DATA_ENV = "SPECBENCH_DATA"
 
 with MANIFEST_PATH.open(encoding="utf-8") as _f:

@@ -13,16 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from harness.benchmarks import Question, load_questions, resolve_data_dir, verify_data_dir
-from harness.decode import Generation, GenerationConfig, generate
-from harness.errors import SpecbenchError
-from harness.metrics import AR_METHOD, attach_divergences, write_summary
-from harness.results import RunDir, config_hash, default_run_dir, load_average_warning, record_key
-from harness.target import Target, check_target_spec
-from harness.verify import Sampling, default_rule
+from harness.core.decode import Generation, GenerationConfig, generate
+from harness.core.errors import SpecbenchError
+from harness.core.hashing import config_hash
+from harness.core.target import Target, check_target_spec
+from harness.core.verify import Sampling, default_rule
+from harness.runs.benchmarks import Question, load_questions, resolve_data_dir, verify_data_dir
+from harness.runs.metrics import AR_METHOD, attach_divergences, write_summary
+from harness.runs.results import RunDir, default_run_dir, load_average_warning, record_key
 
 WARMUP_TOKENS = 16
 
@@ -129,7 +137,7 @@ class Runner:
     """Runs `cfg` on one target. `variants` (used by `cli.py ablate`): several override sets of
     the run's method(s), each its own slot beside AR in the per-prompt rotation (labels are the
     dict keys). A caller running several Runners on one loaded target and one progress view
-    (harness.compare) passes `target`, calls `prepare()` for each, then `run_cells(...)`."""
+    (harness.runs.compare) passes `target`, calls `prepare()` for each, then `run_cells(...)`."""
 
     def __init__(self, cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
                  console: Console | None = None, target: Target | None = None,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.errors import SpecbenchError
-from harness.tree import DraftTree
+from harness.core.errors import SpecbenchError
+from harness.core.tree import DraftTree
 
 RULES = ("greedy", "lossless", "typical")
 LOSSY_RULES = {"typical"}
@@ -41,7 +41,7 @@ def check_rule(rule: str, temperature: float) -> None:
     if temperature < 0:
         raise SpecbenchError(f"--temperature must be >= 0, got {temperature}")
     if rule not in RULES:
-        from harness.errors import unknown
+        from harness.core.errors import unknown
 
         raise unknown("acceptance rule", rule, RULES)
     if temperature == 0 and rule != "greedy":

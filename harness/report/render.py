@@ -32,11 +32,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.errors import SpecbenchError
-from harness.metrics import (AR_METHOD, _dedupe, _prompt_key, _tokens_and_steps, attach_divergences,
-                             own_divergences, per_depth_acceptance)
-from harness.results import RunDir
-from harness.verify import LOSSY_RULES
+from harness.core.errors import SpecbenchError
+from harness.core.verify import LOSSY_RULES
+from harness.runs.metrics import (
+    AR_METHOD,
+    _dedupe,
+    _prompt_key,
+    _tokens_and_steps,
+    attach_divergences,
+    own_divergences,
+    per_depth_acceptance,
+)
+from harness.runs.results import RunDir
 
 N_BOOTSTRAP = 2000
 CI_LEVEL = 0.95
@@ -66,7 +73,7 @@ def method_color(method: str) -> str:
 
 
 def benchmark_title(name: str) -> str:
-    from harness.benchmarks import BENCHMARKS
+    from harness.runs.benchmarks import BENCHMARKS
 
     if name == MEAN:
         return "Mean"

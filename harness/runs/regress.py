@@ -26,15 +26,15 @@ from typing import Any
 
 import pandas as pd
 
-from harness.errors import SpecbenchError
-from harness.hardware import BF16_KERNEL_FLAGS, cpu_kind
-from harness.metrics import per_depth_acceptance
-from harness.report import RunData, fmt_temperature, load_run, main_cells, method_color
-from harness.results import refuse_dirty, repo_relative
+from harness.core.errors import SpecbenchError
+from harness.core.hardware import BF16_KERNEL_FLAGS, cpu_kind
+from harness.core.paths import REPO_ROOT
+from harness.report.render import RunData, fmt_temperature, load_run, main_cells, method_color
+from harness.runs.metrics import per_depth_acceptance
+from harness.runs.results import refuse_dirty, repo_relative
 
 FORMAT = "specbench-baseline/1"
 DEFAULT_TOLERANCE = 0.02
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HISTORY_FILE = REPO_ROOT / "results" / "history.jsonl"
 EPS = 1e-9
 
@@ -332,7 +332,7 @@ def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, n
     import numpy as np
     from matplotlib import rc_context
 
-    from harness.report import _figure, _legend_above, _save, _style
+    from harness.report.render import _figure, _legend_above, _save, _style
 
     commits = frame.drop_duplicates("commit").sort_values("order")
     labels = [str(c)[:7] + ("*" if d else "") for c, d in zip(commits["commit"], commits["dirty"])]

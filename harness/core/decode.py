@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.errors import SpecbenchError
-from harness.target import Target
-from harness.tree import DraftTree
-from harness.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
+from harness.core.errors import SpecbenchError
+from harness.core.target import Target
+from harness.core.tree import DraftTree
+from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
 
 
 @dataclass

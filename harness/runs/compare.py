@@ -3,7 +3,7 @@
 The grid is methods (or variants of one method) x benchmarks x prompts x temperatures. Each
 temperature is one `Runner` (AR inside its per-prompt rotation, one warm-up per method); all of
 them share the target, the run folder (records merge by key, so the grid resumes like `run`) and
-one progress view. Tables and plots are then written by `harness.report` from the records alone,
+one progress view. Tables and plots are then written by `harness.report.render` from the records alone,
 exactly as `cli.py table DIR` / `cli.py plot DIR` rebuild them.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from harness.benchmarks import load_questions, resolve_data_dir, verify_data_dir
-from harness.errors import SpecbenchError
-from harness.results import RunDir, default_run_dir, load_average_warning
-from harness.runner import PROGRESS_COLUMNS, RunConfig, Runner, check_settings, method_overrides
+from harness.core.errors import SpecbenchError
+from harness.runs.benchmarks import load_questions, resolve_data_dir, verify_data_dir
+from harness.runs.results import RunDir, default_run_dir, load_average_warning
+from harness.runs.runner import PROGRESS_COLUMNS, RunConfig, Runner, check_settings, method_overrides
 
 DEFAULT_METHOD = "pld"
 # Papers' order (Medusa, Hydra, EAGLE, EAGLE-2, Gumiho); other methods follow by name.
@@ -210,7 +210,7 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
 
     User errors (benchmarks, options, settings, unknown methods) are raised before the target loads.
     """
-    from harness.target import Target, check_target_spec
+    from harness.core.target import Target, check_target_spec
     from methods.registry import get_method
 
     console = console or Console(stderr=True)
@@ -282,6 +282,6 @@ def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out:
 
 def write_outputs(run_dir: Path, ci: bool = False) -> list[Path]:
     """Tables and plots of a finished grid: the same files `cli.py table/plot DIR` rebuild."""
-    from harness.report import write_plots, write_tables
+    from harness.report.render import write_plots, write_tables
 
     return write_tables(run_dir, ci) + write_plots(run_dir)

@@ -19,12 +19,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from harness.benchmarks import load_questions, resolve_data_dir
-from harness.decode import GenerationConfig, generate
-from harness.errors import SpecbenchError
-from harness.results import collect_meta, load_average_warning
-from harness.target import Target
-from harness.tree import DraftTree
+from harness.core.decode import GenerationConfig, generate
+from harness.core.errors import SpecbenchError
+from harness.core.target import Target
+from harness.core.tree import DraftTree
+from harness.runs.benchmarks import load_questions, resolve_data_dir
+from harness.runs.results import collect_meta, load_average_warning
 
 
 def _median_ms(fn, repeats: int) -> float:

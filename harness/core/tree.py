@@ -171,7 +171,7 @@ class StaticTree:
     def named(cls, name_or_choices) -> "StaticTree":
         if isinstance(name_or_choices, str):
             if name_or_choices not in TREE_PRESETS:
-                from harness.errors import unknown
+                from harness.core.errors import unknown
 
                 raise unknown("tree preset", name_or_choices, TREE_PRESETS)
             return cls(TREE_PRESETS[name_or_choices])

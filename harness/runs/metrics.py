@@ -106,7 +106,7 @@ def _ms_per_step(records: list[dict], column: str) -> float:
 def _dedupe(records: Iterable[dict]) -> list[dict]:
     """One record per key, the last one winning: records merged from resumed or parallel runs
     may repeat an answer, and counting it twice would skew every sum."""
-    from harness.results import record_key  # local: keeps metrics importable on its own
+    from harness.runs.results import record_key  # local: keeps metrics importable on its own
 
     by_key: dict[str, dict] = {}
     for rec in records:

@@ -5,13 +5,12 @@ A run directory holds:
   start time of every (re)start of the run;
 - `records.jsonl`: one JSON object per answer, appended and fsynced one at a time so that a
   crash loses at most the answer being written;
-- `summary.csv`: written by `harness.metrics.write_summary`.
+- `summary.csv`: written by `harness.runs.metrics.write_summary`.
 Tables and plots are rebuilt from these files alone, so everything that can explain a number
 (commit, versions, threads, CPU flags, load) is written here once per run.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -22,8 +21,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness.errors import SpecbenchError
-from harness.hardware import cpu_flags, cpu_kind, cpu_model
+from harness.core.errors import SpecbenchError
+from harness.core.hardware import cpu_flags, cpu_kind, cpu_model
+from harness.core.hashing import canonical_json, config_hash
+from harness.core.paths import REPO_ROOT
 
 # Fields joined (in this order) into a record's key; see `record_key`.
 KEY_FIELDS = (
@@ -31,28 +32,11 @@ KEY_FIELDS = (
 )
 # Packages whose versions change numbers (kernels, cache internals, quantisation readers).
 META_PACKAGES = ("torch", "transformers", "accelerate", "gguf", "pandas", "numpy", "specbench")
-# The checkout: run folders and checkpoints inside it are recorded relative to it.
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # Load left over for other processes before they compete with a run; see load_average_warning.
 LOAD_THRESHOLD = 0.5
 
 
-# ----------------------------------------------------------------------------- hashing and keys
-
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and compact separators: equal configs give equal strings.
-
-    Tuples serialise as lists and floats as `json` writes them (shortest repr), so a config read
-    back from meta.json hashes like the one that was written. Other objects (Path, enums) fall back
-    to `str` so that a config holding a path still hashes instead of crashing the run.
-    """
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def config_hash(obj: Any) -> str:
-    """First 12 hex digits of sha256 over `canonical_json(obj)`; independent of key order."""
-    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:12]
-
+# ----------------------------------------------------------------------------- record keys
 
 def record_key(rec: dict) -> str:
     """The record's identity: `|`.join of method, config_hash, benchmark, question_id, turn,
