@@ -5,19 +5,54 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
 
+if TYPE_CHECKING:
+    from harness.runs.compare import GridSpec
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark speculative decoders on one common code path.")
 console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables
 err = Console(stderr=True)
 
-DATA_HELP = "folder with <benchmark>/question.jsonl (default: $SPECBENCH_DATA)"
+# Options shared by several commands, declared once; each command gives the default.
+TargetOpt = Annotated[str, typer.Option(help="alias, HF dir, .gguf file or hub id")]
+DtypeOpt = Annotated[str, typer.Option(help="target dtype: auto | float32 | bfloat16 | float16")]
+DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda")]
+DataDirOpt = Annotated[Optional[Path], typer.Option(help="folder with <benchmark>/question.jsonl (default: $SPECBENCH_DATA)")]
+RunDirOpt = Annotated[Optional[Path], typer.Option(help="run folder (default results/runs/<config hash>)")]
+MaxNewTokensOpt = Annotated[int, typer.Option(help="new tokens per answer (per turn)")]
+SeedOpt = Annotated[int, typer.Option(help="base of the per-answer sampling seeds")]
+TopPOpt = Annotated[float, typer.Option(help="nucleus sampling: keep the most likely tokens up to this mass")]
+SettingsOpt = Annotated[list[str], typer.Option(
+    "--set", help="method config key=value (JSON values; method.key=value for one method)")]
+ChatTemplateOpt = Annotated[Optional[str], typer.Option(help="'vicuna' or a Jinja template, for targets without one")]
+SystemPromptOpt = Annotated[Optional[str], typer.Option(help="system message put before every conversation")]
+MethodOpt = Annotated[str, typer.Option("--method", "-m", help="one method (see `cli.py list`)")]
+ThreadsOpt = Annotated[int, typer.Option(help="torch threads (0 = torch's default)")]
+DistillDataOpt = Annotated[list[Path], typer.Option(
+    help="distill folder, repeatable (default datasets/distill/<target>; add datasets/distill/<target>-followups "
+         "for second turns)")]
+PromptsOpt = Annotated[Path, typer.Option(help="prompt file the distill ids refer to")]
+ShardsOpt = Annotated[Optional[int], typer.Option(
+    help="use only the first N distill shards (the reference weights used 24)")]
+CiOpt = Annotated[bool, typer.Option("--ci", help="bootstrap 95% intervals in the markdown table too")]
+AllowDirtyOpt = Annotated[bool, typer.Option("--allow-dirty", help="accept a run made from uncommitted changes")]
+RunFolderArg = Annotated[Path, typer.Argument(help="a run folder")]
+# compare / ablate: the grid's options (None: the --preset's value, else the default named)
+BenchmarksOpt = Annotated[str, typer.Option("--benchmarks", "--benchmark", "-b", help="benchmark names or prompt files (a question.jsonl in the EAGLE/Spec-Bench format, named by its folder or NAME=PATH), comma-separated")]
+TemperaturesOpt = Annotated[list[float], typer.Option("--temperature", "-t", help="repeatable: one table block per value")]
+GridAcceptanceOpt = Annotated[Optional[str], typer.Option(
+    help="rule at T > 0: lossless (default) | typical (lossy, labelled); T = 0 is greedy")]
+GridLimitOpt = Annotated[Optional[int], typer.Option(
+    help="questions per benchmark, spread over categories (default 10)")]
+GridMaxNewTokensOpt = Annotated[Optional[int], typer.Option(help="new tokens per answer (default 128)")]
+PresetOpt = Annotated[Optional[str], typer.Option(help="'paper': all 80 questions and 512 tokens (for GPUs)")]
 
 
 def friendly(fn):
@@ -49,38 +84,42 @@ def split_csv(value: str) -> list[str]:
 @app.command()
 @friendly
 def run(
-    method: str = typer.Option(..., "--method", "-m", help="method(s), comma-separated; AR always runs beside them"),
-    benchmark: str = typer.Option("mt_bench", "--benchmark", "-b", help="benchmark(s), comma-separated"),
-    target: str = typer.Option("smollm2-135m", help="alias, HF dir, .gguf file or hub id"),
-    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    limit: Optional[int] = typer.Option(None, help="N questions spread evenly over categories"),
-    ids: Optional[str] = typer.Option(None, help="explicit question ids, comma-separated"),
-    max_new_tokens: int = typer.Option(128, help="new tokens per answer (per turn)"),
-    temperature: float = typer.Option(0.0),
-    top_p: float = typer.Option(1.0),
-    acceptance: Optional[str] = typer.Option(None, help="greedy | lossless | typical (default: greedy at T=0, lossless at T>0)"),
-    seed: int = typer.Option(0),
-    checkpoint: Optional[str] = typer.Option(None, help="drafter weights: folder or hub id"),
-    set_: list[str] = typer.Option([], "--set", help="method config key=value (JSON values; method.key=value for one method)"),
-    chat_template: Optional[str] = typer.Option(None, help="'vicuna' or a Jinja template, for targets without one"),
-    system_prompt: Optional[str] = typer.Option(None),
-    data_dir: Optional[Path] = typer.Option(None, help=DATA_HELP),
-    out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
+    method: Annotated[str, typer.Option("--method", "-m", help="method(s), comma-separated; AR always runs beside them")],
+    benchmark: Annotated[str, typer.Option("--benchmark", "-b", help="benchmark names or prompt files (a question.jsonl in the EAGLE/Spec-Bench format, named by its folder or NAME=PATH), comma-separated")] = "mt_bench",
+    target: TargetOpt = "smollm2-135m",
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    limit: Annotated[Optional[int], typer.Option(help="N questions spread evenly over categories")] = None,
+    ids: Annotated[Optional[str], typer.Option(help="explicit question ids, comma-separated")] = None,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)")] = 0.0,
+    top_p: TopPOpt = 1.0,
+    acceptance: Annotated[Optional[str], typer.Option(
+        help="greedy | lossless | typical (default: greedy at T=0, lossless at T>0)")] = None,
+    seed: SeedOpt = 0,
+    checkpoint: Annotated[Optional[str], typer.Option(help="drafter weights: folder or hub id")] = None,
+    set_: SettingsOpt = [],
+    chat_template: ChatTemplateOpt = None,
+    system_prompt: SystemPromptOpt = None,
+    data_dir: DataDirOpt = None,
+    out: RunDirOpt = None,
 ):
     """Run methods and AR on the same prompts; write records.jsonl, meta.json and summary.csv. Resumes."""
-    from harness.runs.runner import RunConfig, Runner, parse_settings
+    from harness.runs.benchmarks import parse_benchmarks
+    from harness.runs.runner import RunConfig, Runner, execute_grid, parse_settings
 
+    names, files = parse_benchmarks(split_csv(benchmark))
     cfg = RunConfig(
-        methods=split_csv(method), benchmarks=split_csv(benchmark), target=target, dtype=dtype, device=device,
+        methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device,
         limit=limit, ids=[int(i) for i in split_csv(ids)] if ids else None, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, acceptance=acceptance, seed=seed, checkpoint=checkpoint,
         settings=parse_settings(set_), chat_template=chat_template, system_prompt=system_prompt,
+        prompt_files={n: f.as_config() for n, f in files.items()},
     )
     runner = Runner(cfg, out, data_dir, err)
-    path = runner.run()
-    df = runner.write_summary()
-    print_summary(df)
+    # A grid of one temperature, through the path of `compare`; meta.json stores the RunConfig.
+    path = execute_grid([runner], cfg.to_dict())
+    print_summary(runner.write_summary())
     console.print(f"run folder: {path}")
 
 
@@ -99,7 +138,7 @@ def print_summary(df) -> None:
 
 @app.command()
 @friendly
-def summary(run_dir: Path = typer.Argument(..., help="a run folder")):
+def summary(run_dir: RunFolderArg):
     """Rebuild summary.csv of a run folder from its records.jsonl."""
     from harness.runs.runner import summarize_dir
 
@@ -110,9 +149,11 @@ ALL_BENCHMARKS = "mt_bench,humaneval,gsm8k,alpaca,cnn_dm,nq"
 PRESETS = {"paper": {"limit": None, "max_new_tokens": 512}}  # all 80 questions, 512 tokens (GPUs)
 
 
-def grid_spec(methods, benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, top_p,
-              acceptance, seed, set_, chat_template, system_prompt):
-    """The GridSpec of compare / ablate; --preset fills --limit / --max-new-tokens not given."""
+def grid_spec(*, benchmarks: str, temperatures: list[float], limit: Optional[int], max_new_tokens: Optional[int],
+              preset: Optional[str], settings: Optional[list[str]] = None, **fields: object) -> GridSpec:
+    """The GridSpec of compare / ablate: --preset fills --limit / --max-new-tokens not given;
+    `fields` are GridSpec fields taken as given (methods, target, dtype, seed, ...)."""
+    from harness.runs.benchmarks import parse_benchmarks
     from harness.runs.compare import GridSpec
     from harness.runs.runner import parse_settings
 
@@ -123,12 +164,12 @@ def grid_spec(methods, benchmarks, temperature, target, dtype, device, limit, ma
 
             raise unknown("preset", preset, PRESETS)
         defaults = PRESETS[preset]
+    names, files = parse_benchmarks(split_csv(benchmarks))
     return GridSpec(
-        methods=methods, benchmarks=split_csv(benchmarks), temperatures=list(temperature), target=target,
-        dtype=dtype, device=device, limit=defaults["limit"] if limit is None else limit,
-        max_new_tokens=defaults["max_new_tokens"] if max_new_tokens is None else max_new_tokens, top_p=top_p,
-        acceptance=acceptance, seed=seed, settings=parse_settings(set_) if set_ is not None else {},
-        chat_template=chat_template, system_prompt=system_prompt)
+        benchmarks=names, prompt_files={n: f.as_config() for n, f in files.items()}, temperatures=list(temperatures),
+        limit=defaults["limit"] if limit is None else limit,
+        max_new_tokens=defaults["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
+        settings=parse_settings(settings) if settings is not None else {}, **fields)
 
 
 def print_markdown(path: Path) -> None:
@@ -145,46 +186,48 @@ def print_written(run_dir: Path, paths: list[Path]) -> None:
         console.print(f"plots: {run_dir / 'plots'}/ ({', '.join(plots)}; .png and .svg)")
 
 
-TEMPERATURE_HELP = "repeatable: one table block per value"
-ACCEPTANCE_HELP = "rule at T > 0: lossless (default) | typical (lossy, labelled); T = 0 is greedy"
-
-
 @app.command()
 @friendly
 def compare(
-    methods: Optional[str] = typer.Option(
-        None, help="comma-separated (default: pld + every method whose trained weights are found)"),
-    benchmarks: str = typer.Option(ALL_BENCHMARKS, help="comma-separated"),
-    temperature: list[float] = typer.Option([0.0], "--temperature", "-t", help=TEMPERATURE_HELP),
-    target: str = typer.Option("smollm2-135m", help="alias, HF dir, .gguf file or hub id"),
-    dtype: str = typer.Option("auto", help="auto | float32 | bfloat16 | float16"),
-    device: str = typer.Option("auto", help="auto | cpu | cuda"),
-    acceptance: Optional[str] = typer.Option(None, help=ACCEPTANCE_HELP),
-    set_: list[str] = typer.Option([], "--set", help="method config key=value (JSON; method.key=value for one)"),
-    data_dir: Optional[Path] = typer.Option(None, help=DATA_HELP),
-    limit: Optional[int] = typer.Option(None, help="questions per benchmark, spread over categories (default 10)"),
-    max_new_tokens: Optional[int] = typer.Option(None, help="new tokens per answer (default 128)"),
-    preset: Optional[str] = typer.Option(None, help="'paper': all 80 questions and 512 tokens (for GPUs)"),
-    top_p: float = typer.Option(1.0),
-    seed: int = typer.Option(0),
-    chat_template: Optional[str] = typer.Option(None, help="'vicuna' or a Jinja template, for targets without one"),
-    system_prompt: Optional[str] = typer.Option(None),
-    out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
-    ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too"),
-    record: bool = typer.Option(False, "--record", help="append one line per cell to the history file"),
-    history_file: Optional[Path] = typer.Option(None, "--history",
-                                                help="history file for --record (default results/history.jsonl)"),
-    allow_dirty: bool = typer.Option(False, "--allow-dirty", help="--record a run made from uncommitted changes"),
+    methods: Annotated[Optional[str], typer.Option(
+        help="comma-separated (default: pld + every method whose trained weights are found)")] = None,
+    benchmarks: BenchmarksOpt = ALL_BENCHMARKS,
+    temperature: TemperaturesOpt = [0.0],
+    target: TargetOpt = "smollm2-135m",
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    acceptance: GridAcceptanceOpt = None,
+    typical: Annotated[Optional[str], typer.Option(
+        help="methods that also run Medusa's typical rule (lossy, labelled) at each T > 0, e.g. medusa,hydra")] = None,
+    set_: SettingsOpt = [],
+    data_dir: DataDirOpt = None,
+    limit: GridLimitOpt = None,
+    max_new_tokens: GridMaxNewTokensOpt = None,
+    preset: PresetOpt = None,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = 0,
+    chat_template: ChatTemplateOpt = None,
+    system_prompt: SystemPromptOpt = None,
+    out: RunDirOpt = None,
+    ci: CiOpt = False,
+    record: Annotated[bool, typer.Option("--record", help="append one line per cell to the history file")] = False,
+    history_file: Annotated[Optional[Path], typer.Option(
+        "--history", help="history file for --record (default results/history.jsonl)")] = None,
+    allow_dirty: AllowDirtyOpt = False,
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
-    from harness.runs.compare import run_grid, write_outputs
+    from harness.report.rebuild import write_report
+    from harness.runs.compare import run_grid
     from harness.runs.runner import summarize_dir
 
-    spec = grid_spec(split_csv(methods) if methods else None, benchmarks, temperature, target, dtype, device, limit,
-                     max_new_tokens, preset, top_p, acceptance, seed, set_, chat_template, system_prompt)
+    spec = grid_spec(methods=split_csv(methods) if methods else None, benchmarks=benchmarks, temperatures=temperature,
+                     limit=limit, max_new_tokens=max_new_tokens, preset=preset, settings=set_, target=target,
+                     dtype=dtype, device=device, top_p=top_p, acceptance=acceptance, seed=seed,
+                     chat_template=chat_template, system_prompt=system_prompt,
+                     typical=split_csv(typical) if typical else [])
     run_dir = run_grid(spec, out, data_dir, err)
     print_summary(summarize_dir(run_dir))
-    paths = write_outputs(run_dir, ci)
+    paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "main.md")
     print_written(run_dir, paths)
     if record:
@@ -198,31 +241,35 @@ def compare(
 @app.command()
 @friendly
 def ablate(
-    method: str = typer.Argument(..., help="the method whose config is swept"),
-    set_: list[str] = typer.Option(..., "--set", help="key=v1,v2,... sweeps a key (key=v fixes it for every variant)"),
-    grid: bool = typer.Option(False, "--grid", help="every combination instead of one factor at a time"),
-    benchmarks: str = typer.Option("mt_bench", help="comma-separated"),
-    temperature: list[float] = typer.Option([0.0], "--temperature", "-t", help=TEMPERATURE_HELP),
-    target: str = typer.Option("smollm2-135m"),
-    dtype: str = typer.Option("auto"),
-    device: str = typer.Option("auto"),
-    acceptance: Optional[str] = typer.Option(None, help=ACCEPTANCE_HELP),
-    data_dir: Optional[Path] = typer.Option(None, help=DATA_HELP),
-    limit: Optional[int] = typer.Option(None, help="questions per benchmark (default 10)"),
-    max_new_tokens: Optional[int] = typer.Option(None, help="default 128"),
-    preset: Optional[str] = typer.Option(None, help="'paper': all 80 questions and 512 tokens"),
-    seed: int = typer.Option(0),
-    out: Optional[Path] = typer.Option(None, help="run folder (default results/runs/<config hash>)"),
-    ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too"),
-    train_steps: int = typer.Option(1500, help="budget for training a variant whose architecture has no weights yet (0: refuse instead)"),
+    method: Annotated[str, typer.Argument(help="the method whose config is swept")],
+    set_: Annotated[list[str], typer.Option(
+        "--set", help="key=v1,v2,... sweeps a key (key=v fixes it for every variant)")],
+    grid: Annotated[bool, typer.Option("--grid", help="every combination instead of one factor at a time")] = False,
+    benchmarks: BenchmarksOpt = "mt_bench",
+    temperature: TemperaturesOpt = [0.0],
+    target: TargetOpt = "smollm2-135m",
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    acceptance: GridAcceptanceOpt = None,
+    data_dir: DataDirOpt = None,
+    limit: GridLimitOpt = None,
+    max_new_tokens: GridMaxNewTokensOpt = None,
+    preset: PresetOpt = None,
+    seed: SeedOpt = 0,
+    out: RunDirOpt = None,
+    ci: CiOpt = False,
+    train_steps: Annotated[int, typer.Option(
+        help="budget for training a variant whose architecture has no weights yet (0: refuse instead)")] = 1500,
 ):
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
-    from harness.runs.compare import run_ablation, write_outputs
+    from harness.report.rebuild import write_report
+    from harness.runs.compare import run_ablation
 
-    spec = grid_spec([method], benchmarks, temperature, target, dtype, device, limit, max_new_tokens, preset, 1.0,
-                     acceptance, seed, None, None, None)
+    spec = grid_spec(methods=[method], benchmarks=benchmarks, temperatures=temperature, limit=limit,
+                     max_new_tokens=max_new_tokens, preset=preset, target=target, dtype=dtype, device=device,
+                     acceptance=acceptance, seed=seed)
     run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps)
-    paths = write_outputs(run_dir, ci)
+    paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
     console.print(f"run folder: {run_dir}")
@@ -230,31 +277,29 @@ def ablate(
 
 @app.command()
 @friendly
-def table(run_dir: Path = typer.Argument(..., help="a run folder"),
-          ci: bool = typer.Option(False, "--ci", help="bootstrap 95% intervals in the markdown table too")):
+def table(run_dir: RunFolderArg, ci: CiOpt = False):
     """Rebuild DIR/tables/ (main or ablation, cost, depth: .md .tex .csv) from records.jsonl."""
-    from harness.report.render import write_tables
+    from harness.report.rebuild import write_report
 
-    paths = write_tables(run_dir, ci)
+    paths = write_report(run_dir, ci, plots=False)
     print_markdown(paths[0])
     print_written(run_dir, paths)
 
 
 @app.command()
 @friendly
-def plot(run_dir: Path = typer.Argument(..., help="a run folder")):
+def plot(run_dir: RunFolderArg):
     """Rebuild DIR/plots/ (speedup, tau, depth, time [, ablation]: .png .svg) from records.jsonl."""
-    from harness.report.render import write_plots
+    from harness.report.rebuild import write_report
 
-    print_written(run_dir, write_plots(run_dir))
+    print_written(run_dir, write_report(run_dir, tables=False))
 
 
 @app.command()
 @friendly
-def baseline(run_dir: Path = typer.Argument(..., help="a run folder"),
-             save: Path = typer.Option(..., "--save", help="baseline JSON to write (e.g. results/baselines/X.json)"),
-             allow_dirty: bool = typer.Option(False, "--allow-dirty",
-                                              help="save a baseline from a run made from uncommitted changes")):
+def baseline(run_dir: RunFolderArg,
+             save: Annotated[Path, typer.Option("--save", help="baseline JSON to write (e.g. results/baselines/X.json)")],
+             allow_dirty: AllowDirtyOpt = False):
     """Store per-cell τ and per-depth acceptance of a run, with its provenance, as a baseline."""
     from harness.runs.regress import save_baseline
 
@@ -264,7 +309,7 @@ def baseline(run_dir: Path = typer.Argument(..., help="a run folder"),
 
 @app.command()
 @friendly
-def regress(run_dir: Path = typer.Argument(..., help="a run folder"),
+def regress(run_dir: RunFolderArg,
             baseline_file: Path = typer.Option(..., "--baseline", help="a file written by `cli.py baseline`"),
             tolerance: float = typer.Option(0.02, help="allowed relative drop of τ"),
             report: Optional[Path] = typer.Option(None, "--report", help="also write the verdict as JSON here")):
@@ -312,7 +357,8 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="de
     """Plot τ over commits per method from the history that `compare --record` appends to."""
     from rich.table import Table
 
-    from harness.runs.regress import HISTORY_FILE, history_frame, plot_history
+    from harness.report.plots import plot_history
+    from harness.runs.regress import HISTORY_FILE, history_frame
 
     file = history_file or HISTORY_FILE
     frame = history_frame(file, target, dtype, temperature, benchmark)
@@ -362,18 +408,18 @@ def fetch_data(dest: Path = typer.Argument(..., help="folder to write <benchmark
 @app.command()
 @friendly
 def bench(
-    target: str = typer.Option("smollm2-135m"),
-    dtype: str = typer.Option("auto"),
-    device: str = typer.Option("auto"),
+    target: TargetOpt = "smollm2-135m",
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
     contexts: str = typer.Option("256,1536", help="context lengths for the cost curve"),
     sizes: str = typer.Option("1,2,4,8,16,32,64", help="tree tokens per forward"),
     repeats: int = typer.Option(7),
     ar_prompts: int = typer.Option(3, help="MT-Bench prompts for AR vs HF generate (0 = skip)"),
-    max_new_tokens: int = typer.Option(64),
+    max_new_tokens: MaxNewTokensOpt = 64,
     pld: bool = typer.Option(False, "--pld", help="also: our pld vs HF prompt lookup per benchmark"),
     pld_benchmarks: str = typer.Option("mt_bench,humaneval,gsm8k,cnn_dm"),
     pld_prompts: int = typer.Option(3),
-    data_dir: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    data_dir: DataDirOpt = None,
     out: Optional[Path] = typer.Option(None, help="write the results as JSON here"),
 ):
     """Cost curve of a k-token forward, our AR loop vs HF generate, and (--pld) pld vs HF prompt lookup."""
@@ -388,11 +434,11 @@ def bench(
 @app.command()
 @friendly
 def distill(
-    target: str = typer.Option("smollm2-135m"),
+    target: TargetOpt = "smollm2-135m",
     prompts: Path = typer.Option(..., help="training prompts jsonl ({id, category, prompt}); never a benchmark file"),
     n: Optional[int] = typer.Option(None, help="cap on prompts after the mix"),
     samples: int = typer.Option(2, help="responses per prompt: 1 greedy + samples-1 sampled"),
-    max_new_tokens: int = typer.Option(384),
+    max_new_tokens: MaxNewTokensOpt = 384,
     batch_size: int = typer.Option(32),
     shard_size: int = typer.Option(96),
     max_shards: Optional[int] = typer.Option(None, help="stop after this many new shards (spread work over runs)"),
@@ -400,10 +446,10 @@ def distill(
     followups: Optional[Path] = typer.Option(None, help="second turns: answer these follow-ups (e.g. datasets/followups.jsonl) "
                                              "to the greedy answers of --base"),
     base: Optional[str] = typer.Option(None, help="with --followups: the distill folder continued (default <target>)"),
-    dtype: str = typer.Option("auto"),
-    device: str = typer.Option("auto"),
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
     out: Optional[Path] = typer.Option(None, help="default datasets/distill/<target>[-followups]"),
-    threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
+    threads: ThreadsOpt = 0,
 ):
     """Have the target answer training prompts (or follow-ups to its own answers); commit-ready
     token ids, resumable shard by shard."""
@@ -427,26 +473,26 @@ def distill(
 @app.command()
 @friendly
 def train(
-    method: str = typer.Option(..., "--method", "-m"),
-    target: str = typer.Option("smollm2-135m"),
-    data: list[Path] = typer.Option([], help="distill folder, repeatable (default datasets/distill/<target>; add "
-                                    "datasets/distill/<target>-followups for second turns)"),
-    prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
+    method: MethodOpt,
+    target: TargetOpt = "smollm2-135m",
+    data: DistillDataOpt = [],
+    prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
     steps: int = typer.Option(1500, help="optimiser steps (the same budget for every method by default)"),
     lr: Optional[float] = typer.Option(None, help="default: the method's own"),
     tokens_per_batch: int = typer.Option(4096),
     max_len: int = typer.Option(1024),
     set_: list[str] = typer.Option([], "--set", help="method config key=value (architecture keys change the checkpoint name)"),
-    dtype: str = typer.Option("auto", help="target dtype for feature extraction"),
-    device: str = typer.Option("auto"),
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
     autocast: str = typer.Option("auto", help="auto | bf16 | off"),
     out: Optional[Path] = typer.Option(None, help="default checkpoints/<target>/<method>[-<arch hash>]"),
     init_from: Optional[Path] = typer.Option(None, help="warm-start from this finished checkpoint (same architecture): "
                                              "a new schedule cycle, its steps counted in the total"),
-    shards: Optional[int] = typer.Option(None, help="use only the first N distill shards (the reference weights used 24)"),
-    threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
+    shards: ShardsOpt = None,
+    threads: ThreadsOpt = 0,
 ):
-    """Train a drafter on the shared distilled data (features are extracted and cached first). Resumes."""
+    """Train a drafter on the shared distilled data (the target's features are extracted at --dtype and
+    cached first). Resumes."""
     from harness.core.target import Target
     from harness.runs.runner import parse_settings
     from harness.train.pipeline import train_method
@@ -468,22 +514,22 @@ def train(
 @app.command("calibrate-tree")
 @friendly
 def calibrate_tree_cmd(
-    method: str = typer.Option(..., "--method", "-m", help="a static-tree method (medusa, hydra)"),
-    target: str = typer.Option("smollm2-135m"),
+    method: MethodOpt,
+    target: TargetOpt = "smollm2-135m",
     checkpoint: Optional[Path] = typer.Option(None, help="default: the method's reference weights"),
     nodes: int = typer.Option(15, help="draft nodes of the tree (verify width = nodes + 1)"),
     topk: int = typer.Option(10, help="deepest rank a node may take in its head"),
-    data: list[Path] = typer.Option([], help="distill folder, repeatable (default datasets/distill/<target>; add "
-                                    "datasets/distill/<target>-followups for second turns)"),
-    prompts: Path = typer.Option(Path("../shared/data/train_prompts/prompts.jsonl"), help="prompt file the distill ids refer to"),
-    shards: Optional[int] = typer.Option(None, help="use only the first N distill shards (the reference weights used 24)"),
+    data: DistillDataOpt = [],
+    prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
+    shards: ShardsOpt = None,
     save: bool = typer.Option(False, "--save", help="write the tree into the checkpoint's config.json as its default"),
-    dtype: str = typer.Option("auto", help="target dtype (the features are cached per dtype)"),
-    device: str = typer.Option("auto"),
-    threads: int = typer.Option(0, help="torch threads (0 = torch's default)"),
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    threads: ThreadsOpt = 0,
 ):
-    """Fit a static draft tree to a drafter's heads on the held-out distilled answers (training
-    reports the same search for its configured node count; `--save` makes the tree the default)."""
+    """Fit the static draft tree of a medusa or hydra drafter to its heads on the held-out distilled
+    answers (features cached per --dtype; training reports the same search for its configured node
+    count; `--save` makes the tree the default)."""
     from harness.core.target import Target
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter, save_tree
     from harness.train.pipeline import load_dataset

@@ -12,7 +12,7 @@ differ only in how they grow the tree.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,10 +20,15 @@ from torch import nn
 from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
+from harness.core.tree_build import Level, walk_static_tree
 from harness.core.verify import processed_probs
 from harness.train.losses import masked_smooth_l1
 from methods.base import LearnedDrafter
 from methods.checkpoint_io import read_config, read_state
+
+if TYPE_CHECKING:
+    from harness.core.decode import Acceptance, DraftContext
+    from harness.core.target import TargetOutput
 
 # EAGLE-1's own "mc_sim_7b_63" (SafeAILab/EAGLE, eagle/model/choices.py): 25 nodes, depth 5.
 EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0],
@@ -34,7 +39,7 @@ EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0
 class EagleCore(LearnedDrafter):
     """fc + decoder layers on (token, feature) pairs, with a draft KV cache of committed context."""
 
-    # draft_vocab: see LearnedDrafter (0 = the full target vocab, as the released checkpoints).
+    # draft_vocab: see methods/draft_vocab.py (0 = the full target vocab, as the released checkpoints).
     defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1,
                                 "draft_vocab": 8192}
     arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab")
@@ -66,11 +71,12 @@ class EagleCore(LearnedDrafter):
         return self.stack(x, positions[None], self._cache, m)[0]
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.draft_logits(hidden).float().log_softmax(-1)
+        """[..., H] -> [..., V] draft log-probs (-inf outside the draft vocab)."""
+        return self.vocab.draft_logits(hidden).float().log_softmax(-1)
 
     # ---- decoding state -------------------------------------------------------------------
     @torch.inference_mode()
-    def begin(self, prompt, prefill, root: int) -> None:
+    def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
         n = prompt.numel()
         self._cache = self.stack.new_cache(capacity=n + 1024)
         # Pair (f_i, t_{i+1}): the token is advanced by one; the last pair takes the root.
@@ -79,7 +85,7 @@ class EagleCore(LearnedDrafter):
         self._last = out[-1]
 
     @torch.inference_mode()
-    def observe(self, step) -> None:
+    def observe(self, step: Acceptance) -> None:
         # Accepted nodes' features pair with the next accepted token; the last with the bonus.
         toks = torch.cat([step.tokens[1:], torch.tensor([step.bonus])]).to(self.target.device)
         start = self._cache.length
@@ -116,7 +122,7 @@ class EagleCore(LearnedDrafter):
             target = batch.target_features[:, step : step + n]
             mask = full_mask[:, step : step + n]
             v = masked_smooth_l1(h, target, mask)
-            p, acc = self.head_ce(h, mask, target_hidden=target)
+            p, acc = self.vocab.head_ce(h, mask, target_hidden=target)
             total = total + 0.8 ** (step - 1) * (v + 0.1 * p)
             sfx = "" if step == 1 else str(step)
             out.update({f"vloss{sfx}": v.detach(), f"ploss{sfx}": p.detach(), f"acc{sfx}": acc.detach()})
@@ -178,8 +184,8 @@ class EagleCore(LearnedDrafter):
 
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "EagleCore":
-        state = read_state(folder, cls.weights_from or cls.name)
-        cfg = read_config(folder, cls.weights_from or cls.name)
+        state = read_state(folder, cls.weights_name())
+        cfg = read_config(folder, cls.weights_name())
         if cfg.get("hidden_size", target.hidden_size) != target.hidden_size:
             raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
         mapped = cls.map_official(state)
@@ -220,71 +226,48 @@ class Eagle(EagleCore):
         self.tree = StaticTree.named(self.config["tree"])
 
     @torch.inference_mode()
-    def propose(self, ctx) -> DraftTree:
-        tree = self.tree
-        depth = min(tree.max_depth, ctx.max_nodes - 1)
-        if depth < 1:
-            return DraftTree.root_only(ctx.root)
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        """The static tree, each depth's expanded nodes fed to the draft together (each sees the
+        committed context and its own ancestors). At T > 0 children are drawn without replacement
+        from the draft distribution q, which the verifier needs (lossless multi-draft rejection
+        sampling); rows written to the draft cache are dropped afterwards."""
         committed = self._cache.length
-        sampled = ctx.sampling.temperature > 0
         dev = self.target.device
-        tokens, parents, q_rows = [ctx.root], [-1], {}
-        index = {0: 0}                      # static node id (0 = root) -> our node index
-        ancestors = {0: []}                 # our node index -> its cached tree rows
-        row_of: dict[int, int] = {}         # our node index -> its row among cached tree rows
-        hidden_of = {0: self._last}         # node -> draft output predicting its children
-        children = tree.children  # the depth loop below never expands past `depth`
-        frontier, n_rows = [0], 0
-        for d in range(depth):
-            expand = [n for n in frontier if n in children]
-            if not expand:
-                break
-            if d > 0:  # feed the expanding nodes (depth d) to get their outputs
-                ours = [index[n] for n in expand]
-                toks = torch.tensor([tokens[o] for o in ours], device=dev)
-                feats = torch.stack([hidden_of[parents[o]] for o in ours])
-                mask = self.tree_mask(committed, [ancestors[o] for o in ours], n_rows)
-                pos = torch.full((len(ours),), committed + d - 1, device=dev)
+        sampling = ctx.sampling
+        hidden_of = {0: self._last}          # node -> draft output predicting its children
+        row_of: dict[int, int] = {}          # node -> its row among the cached tree rows
+        ancestors: dict[int, list[int]] = {0: []}  # node -> cached tree rows of its ancestors
+        q_rows: dict[int, torch.Tensor] = {}       # node -> q over its children (T > 0)
+
+        def rank_children(level: Level) -> list[list[int]]:
+            nodes, parents = level.nodes, level.parents
+            if level.depth > 0:  # feed the expanding nodes (depth d) to get their outputs
+                n_rows = len(row_of)
+                for o in nodes:
+                    p = parents[o]
+                    ancestors[o] = ancestors[p] + ([row_of[p]] if p in row_of else [])
+                toks = torch.tensor([level.tokens[o] for o in nodes], device=dev)
+                feats = torch.stack([hidden_of[parents[o]] for o in nodes])
+                mask = self.tree_mask(committed, [ancestors[o] for o in nodes], n_rows)
+                pos = torch.full((len(nodes),), committed + level.depth - 1, device=dev)
                 out = self.draft_forward(toks, feats, pos, mask)
-                for j, o in enumerate(ours):
+                for j, o in enumerate(nodes):
                     hidden_of[o] = out[j]
                     row_of[o] = n_rows + j
-                n_rows += len(ours)
-            nxt = []
-            # One LM-head projection for every node expanded at this depth.
-            rows = torch.stack([hidden_of[index[n]] for n in expand])
-            if sampled:
-                logps = self.logp(rows)
-            else:
-                top_ids = self.draft_topk(rows, max(tree.ranks) + 1)[1].tolist()
-            for row, n in enumerate(expand):
-                o = index[n]
-                kids = children[n]
-                k = max(tree.ranks[c - 1] for c in kids) + 1
-                if sampled:
-                    # Children drawn without replacement from the draft distribution q; the
-                    # verifier needs q (lossless multi-draft rejection sampling).
-                    q = processed_probs(logps[row], ctx.sampling.temperature, ctx.sampling.top_p)
-                    top = torch.multinomial(q, min(k, int((q > 0).sum())), replacement=False,
-                                            generator=ctx.generator).tolist()
-                    q_rows[o] = q
-                else:
-                    top = top_ids[row][:k]
-                for c in kids:
-                    r = tree.ranks[c - 1]
-                    if r >= len(top):
-                        continue
-                    index[c] = len(tokens)
-                    tokens.append(top[r])
-                    parents.append(o)
-                    anc = ancestors[o] + ([row_of[o]] if o in row_of else [])
-                    ancestors[index[c]] = anc
-                    nxt.append(c)
-            frontier = nxt
+            rows = torch.stack([hidden_of[o] for o in nodes])  # one LM-head projection per depth
+            if sampling.temperature <= 0:
+                return self.vocab.draft_topk(rows, max(self.tree.ranks) + 1)[1].tolist()
+            logps, ranked = self.logp(rows), []
+            for j, o in enumerate(nodes):
+                q = q_rows[o] = processed_probs(logps[j], sampling.temperature, sampling.top_p)
+                ranked.append(torch.multinomial(q, min(level.need[j], int((q > 0).sum())), replacement=False,
+                                                generator=ctx.generator).tolist())
+            return ranked
+
+        tree = walk_static_tree(ctx.root, self.tree, ctx.max_nodes, rank_children)
         self._cache.crop_to(committed)
-        q = None
-        if sampled:
-            q = torch.zeros(len(tokens), self.target.vocab_size)
+        if q_rows:
+            tree.q = torch.zeros(tree.tokens.numel(), self.target.vocab_size)
             for o, dist in q_rows.items():
-                q[o] = dist
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), q=q)
+                tree.q[o] = dist
+        return tree

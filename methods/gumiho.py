@@ -22,16 +22,20 @@ inference key; `preset=paper` selects the official behaviour and tree settings):
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from harness.core.tree import DraftTree
+from harness.core.tree_build import CandidatePool, Node, build_tree
 from harness.train.losses import masked_smooth_l1
 from methods.eagle import EagleCore
-from methods.eagle2 import build_tree, kept_nodes, rerank
 from methods.medusa import ResBlock
+
+if TYPE_CHECKING:
+    from harness.core.decode import DraftContext
 
 PAPER_PRESET = {"top_k": 14, "depth": 6, "mlp_topk": 35, "pruning": 35, "total_tokens": 64, "fta": "paper",
                 "mlp_row_alignment": "paper", "serial_sibling_mask": "paper"}
@@ -130,7 +134,7 @@ class Gumiho(EagleCore):
                 msk = full_mask[:, off : off + m]
                 pk = pred[:, :m, k]
                 vk = masked_smooth_l1(pk, tgt, msk)
-                ck, ak = self.head_ce(pk, msk, target_hidden=tgt)
+                ck, ak = self.vocab.head_ce(pk, msk, target_hidden=tgt)
                 w = 0.8 ** (k + 1)
                 total = total + w * vk / norm + ce_on * w * ck / norm
                 out[f"mlp{k}_acc"] = ak.detach()
@@ -139,17 +143,16 @@ class Gumiho(EagleCore):
 
     # ---- decoding -------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, ctx) -> DraftTree:
+    def propose(self, ctx: DraftContext) -> DraftTree:
         cfg = self.config
         k = cfg["top_k"]
         dev = self.target.device
         committed = self._cache.length
         # 1. Root pass output -> depth-1 candidates (the first beam).
-        d1_score, d1_tok = self.draft_topk(self._last, k)
+        d1_score, d1_tok = self.vocab.draft_topk(self._last, k)
         d1_score = d1_score.cpu()
-        cand_tok = d1_tok.tolist()
-        cand_score = d1_score.tolist()
-        cand_parent = [-1] * k
+        pool = CandidatePool()
+        pool.add(d1_tok.tolist(), d1_score.tolist(), [-1] * k)
         # 2. One serial expansion over the k depth-1 beams at position `committed`.
         if cfg["serial_sibling_mask"] == "eagle2":
             mask = self.tree_mask(committed, [[] for _ in range(k)], 0)
@@ -159,25 +162,20 @@ class Gumiho(EagleCore):
         feats1 = self._last.expand(k, -1)
         out1 = self.draft_forward(d1_tok, feats1, torch.full((k,), committed, device=dev), mask)
         self._cache.crop_to(committed)
-        child_score, child_tok = self.draft_topk(out1, k)
+        child_score, child_tok = self.vocab.draft_topk(out1, k)
         cu = d1_score[:, None] + child_score.cpu()
         best = torch.topk(cu.flatten(), k).indices
-        d2_parent = (best // k).tolist()                     # index into the depth-1 beam
+        d2_parent = (best // k).tolist()                     # index into the depth-1 beam (= its candidate id)
         d2_tok = child_tok.flatten()[best.to(dev)]
-        d2_ids = []
-        for j, b in enumerate(best.tolist()):
-            d2_ids.append(len(cand_tok))
-            cand_tok.append(int(d2_tok[j]))
-            cand_score.append(float(cu.flatten()[b]))
-            cand_parent.append(d2_parent[j])
+        d2_ids = pool.add(d2_tok.tolist(), [float(cu.flatten()[b]) for b in best.tolist()], d2_parent)
         # 3. MLP rows [u1 ; u2].
         u2 = self.fuse(d2_tok, out1[d2_parent])
         slot1 = d2_parent if cfg["mlp_row_alignment"] == "parent" else list(range(k))
         u1 = self.fuse(d1_tok[slot1], feats1[slot1])
         # [k, heads, mlp_topk] scores and token ids, one projection for every head
-        mlp_score, mlp_tok = self.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1)), cfg["mlp_topk"])
+        mlp_score, mlp_tok = self.vocab.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1)), cfg["mlp_topk"])
         # 4. Per MLP level, beams extend by their row's head distribution; global pruning.
-        beams = [(c, r, cand_score[c]) for r, c in enumerate(d2_ids)]    # (cand id, row, score)
+        beams = [(c, r, pool.scores[c]) for r, c in enumerate(d2_ids)]    # (cand id, row, score)
         for lvl in range(cfg["mlp_heads"]):
             if not beams:
                 break
@@ -185,27 +183,18 @@ class Gumiho(EagleCore):
             tk_tok = mlp_tok[rows, lvl].tolist()
             scores = torch.tensor([s for _, _, s in beams])[:, None] + mlp_score[rows, lvl].cpu()
             pick = torch.topk(scores.flatten(), min(cfg["pruning"], scores.numel())).indices.tolist()
-            nxt = []
-            for p in pick:
-                bi, ci = divmod(p, cfg["mlp_topk"])
-                parent, row, _ = beams[bi]
-                cid = len(cand_tok)
-                cand_tok.append(tk_tok[bi][ci])
-                cand_score.append(float(scores[bi, ci]))
-                cand_parent.append(parent)
-                nxt.append((cid, row, cand_score[cid]))
-            beams = nxt
-        self.last_pool_size = len(cand_tok)
+            picked = [divmod(p, cfg["mlp_topk"]) for p in pick]      # (beam, rank) pairs
+            ids = pool.add([tk_tok[bi][ci] for bi, ci in picked], [float(scores[bi, ci]) for bi, ci in picked],
+                           [beams[bi][0] for bi, _ in picked])
+            beams = [(cid, beams[bi][1], pool.scores[cid]) for cid, (bi, _) in zip(ids, picked)]
+        self.last_pool_size = len(pool)
         # 5. Rerank to the budget, then full tree attention.
         budget = cfg["total_tokens"] - 1
-        keep = rerank(torch.tensor(cand_score), cand_parent, budget)
-        tree_nodes = kept_nodes(keep, cand_tok, cand_parent, cand_score, ctx.max_nodes)
+        nodes = pool.select(budget, ctx.max_nodes)
         if cfg["fta"] == "exact":
-            tree_nodes = fta_exact(tree_nodes, budget)
-        tree = build_tree(ctx.root, tree_nodes)
-        if cfg["fta"] == "paper":
-            tree = fta_paper(tree)
-        return tree
+            nodes = fta_exact(nodes, budget)
+        tree = build_tree(ctx.root, nodes)
+        return fta_paper(tree) if cfg["fta"] == "paper" else tree
 
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod
@@ -228,59 +217,58 @@ class Gumiho(EagleCore):
         return drafter
 
 
-def _trunk(nodes: list[dict]) -> dict[int, int]:
+def _trunk(nodes: list[Node]) -> dict[int, int]:
     """Per depth, the node with the most leaf descendants (the official 'most frequent per column')."""
-    children = Counter(n["parent"] for n in nodes)
+    children = Counter(n.parent for n in nodes)
     counts: Counter = Counter()
-    for i, n in enumerate(nodes):
+    for i in range(len(nodes)):
         if children[i] == 0:  # a leaf: count it on every ancestor
             j = i
             while j != -1:
                 counts[j] += 1
-                j = nodes[j]["parent"]
+                j = nodes[j].parent
     best: dict[int, int] = {}
     for i, n in enumerate(nodes):
-        d = n["depth"]
-        if d not in best or counts[i] > counts[best[d]]:
-            best[d] = i
+        if n.depth not in best or counts[i] > counts[best[n.depth]]:
+            best[n.depth] = i
     return best
 
 
-def fta_exact(nodes: list[dict], budget: int) -> list[dict]:
+def fta_exact(nodes: list[Node], budget: int) -> list[Node]:
     """Lossless full tree attention: under every leaf shallower than the tree, chain real copies of
     the trunk tokens of the deeper levels (so their logits are computed in the right context);
     while over budget, drop the lowest-scored leaf of the original tree and recompute."""
-    nodes = [dict(n) for n in nodes]
+    nodes = list(nodes)
     while True:
         if not nodes:
             return nodes
-        max_depth = max(n["depth"] for n in nodes)
+        max_depth = max(n.depth for n in nodes)
         trunk = _trunk(nodes)
-        has_child = {n["parent"] for n in nodes}
-        leaves = [i for i in range(len(nodes)) if i not in has_child and nodes[i]["depth"] < max_depth]
-        extra = sum(max_depth - nodes[i]["depth"] for i in leaves)
+        has_child = {n.parent for n in nodes}
+        leaves = [i for i in range(len(nodes)) if i not in has_child and nodes[i].depth < max_depth]
+        extra = sum(max_depth - nodes[i].depth for i in leaves)
         if len(nodes) + extra <= budget or len(nodes) <= 1:
             break
         all_leaves = [i for i in range(len(nodes)) if i not in has_child]
-        drop = min(all_leaves, key=lambda i: nodes[i]["score"])
+        drop = min(all_leaves, key=lambda i: nodes[i].score)
         remap, kept = {}, []
         for i, n in enumerate(nodes):
             if i == drop:
                 continue
             remap[i] = len(kept)
-            kept.append({**n, "parent": -1 if n["parent"] == -1 else remap[n["parent"]]})
+            kept.append(replace(n, parent=-1 if n.parent == -1 else remap[n.parent]))
         nodes = kept
     out = list(nodes)
     for leaf in leaves:
         par = leaf
-        for d in range(nodes[leaf]["depth"] + 1, max_depth + 1):
+        for d in range(nodes[leaf].depth + 1, max_depth + 1):
             src = nodes[trunk[d]]
-            out.append({"tok": src["tok"], "parent": par, "score": src["score"], "depth": d, "borrowed": True})
+            out.append(Node(src.token, par, src.score, d, borrowed=True))
             par = len(out) - 1
     # Keep parents before children: order by depth (stable), remapping parent indices.
-    order = sorted(range(len(out)), key=lambda i: (out[i]["depth"], i))
+    order = sorted(range(len(out)), key=lambda i: (out[i].depth, i))
     pos = {old: new for new, old in enumerate(order)}
-    return [{**out[i], "parent": -1 if out[i]["parent"] == -1 else pos[out[i]["parent"]]} for i in order]
+    return [replace(out[i], parent=-1 if out[i].parent == -1 else pos[out[i].parent]) for i in order]
 
 
 def fta_paper(tree: DraftTree) -> DraftTree:

@@ -12,15 +12,20 @@ tensor into each block.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from harness.core.draft_layers import DecoderStack
-from harness.core.tree import DraftTree, StaticTree
-from methods.base import LearnedDrafter
+from harness.core.tree_build import Level, RankChildren
+from methods.heads import HEAD_DEFAULTS, HeadDrafter
 from methods.medusa import ResBlock
+
+if TYPE_CHECKING:
+    from harness.core.decode import Acceptance, DraftContext
+    from harness.core.target import TargetOutput
 
 
 class ResBlockIn(nn.Module):
@@ -51,21 +56,12 @@ class HydraHead(nn.Module):
         return self.body(x)
 
 
-class Hydra(LearnedDrafter):
+class Hydra(HeadDrafter):
     """Hydra++: prefix attention + sequentially dependent heads, static tree of rank paths."""
 
     name = "hydra"
-    defaults: dict[str, Any] = {
-        "heads": 4,
-        "layers": 4,
-        "share_lm_head": True,
-        "dropout": 0.2,
-        "tree": "cpu_15",  # as Medusa's: a checkpoint's fitted `decode.tree` overrides it
-        "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
-    }
-    arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
+    defaults: dict[str, Any] = {"heads": 4, "layers": 4, **HEAD_DEFAULTS, "dropout": 0.2}
     default_lr = 5e-4
-    input_noise = False
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
@@ -78,7 +74,6 @@ class Hydra(LearnedDrafter):
             for head in self.hydra_head:
                 head.proj.weight.data.copy_(target.lm_head.weight.data.float())
                 nn.init.zeros_(head.proj.bias)
-        self.tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
         self.to(device=target.device)
         self._cache = None
         self._z: torch.Tensor | None = None
@@ -87,14 +82,11 @@ class Hydra(LearnedDrafter):
     def _dtype(self) -> torch.dtype:
         return self.hydra_head[0].body[1].linear.weight.dtype
 
-    def _logits(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        head = self.hydra_head[i]
-        if head.proj is None:
-            return self.draft_logits(h)
-        return head.proj(h)
-
     def _emb(self, ids: torch.Tensor) -> torch.Tensor:
         return self.target.embed(ids).to(self._dtype)
+
+    def own_proj(self, i: int) -> nn.Module | None:
+        return self.hydra_head[i].proj
 
     # ---- decoding -------------------------------------------------------------------------
     def _prefix_step(self, feats: torch.Tensor) -> None:
@@ -104,46 +96,29 @@ class Hydra(LearnedDrafter):
         self._z = z[0, -1]
 
     @torch.inference_mode()
-    def begin(self, prompt, prefill, root: int) -> None:
+    def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
         self._cache = self.prefix.new_cache(capacity=prefill.hidden.shape[0] + 1024)
         self._prefix_step(prefill.hidden)
 
     @torch.inference_mode()
-    def observe(self, step) -> None:
+    def observe(self, step: Acceptance) -> None:
         self._prefix_step(step.hidden)
 
-    @torch.inference_mode()
-    def propose(self, ctx) -> DraftTree:
-        tree = self.tree
-        depth = min(tree.max_depth, ctx.max_nodes - 1)
-        if depth < 1:
-            return DraftTree.root_only(ctx.root)
-        # Path state of every kept node: [z, emb(root), emb(d1), ...]; children are ranked per path.
-        root_state = torch.cat([self._z, self._emb(torch.tensor([ctx.root], device=self._z.device))[0]])
-        states = {0: root_state}
-        tokens, parents = [ctx.root], [-1]
-        index = {0: 0}
-        children = tree.children
-        frontier = [0]
-        for d in range(depth):
-            expand = [n for n in frontier if n in children]
-            if not expand:
-                break
-            x = torch.stack([states[n] for n in expand])
-            k = max(tree.ranks[c - 1] for n in expand for c in children[n]) + 1
-            top = self._logits(d, self.hydra_head[d](x)).topk(k, dim=-1).indices.tolist()
-            nxt = []
-            for row, n in enumerate(expand):
-                for c in children[n]:
-                    tok = top[row][tree.ranks[c - 1]]
-                    index[c] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(index[n])
-                    if c in children and d + 1 < depth:
-                        states[c] = torch.cat([states[n], self._emb(torch.tensor([tok], device=x.device))[0]])
-                        nxt.append(c)
-            frontier = nxt
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+    def ranker(self, ctx: DraftContext) -> RankChildren:
+        """Sequentially dependent heads: a node's children are ranked by head d on its own path
+        state [z, emb(root), emb(d1), ..., emb(node)] ([(d + 2) H])."""
+        states = {0: torch.cat([self._z, self._emb(torch.tensor([ctx.root], device=self._z.device))[0]])}
+
+        def rank_children(level: Level) -> list[list[int]]:
+            for o in level.nodes:
+                if o not in states:
+                    tok = torch.tensor([level.tokens[o]], device=self._z.device)
+                    states[o] = torch.cat([states[level.parents[o]], self._emb(tok)[0]])
+            x = torch.stack([states[o] for o in level.nodes])
+            logits = self.head_vocab_logits(level.depth, self.hydra_head[level.depth](x))
+            return logits.topk(max(level.need), dim=-1).indices.tolist()
+
+        return rank_children
 
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod
@@ -176,11 +151,7 @@ class Hydra(LearnedDrafter):
         return drafter
 
     # ---- training and tree calibration ---------------------------------------------------
-    def own_proj(self, i: int) -> nn.Module | None:
-        """Head i's own vocab projection (official layout), or None: the frozen LM head."""
-        return self.hydra_head[i].proj
-
-    def teacher_forced_heads(self, batch):
+    def teacher_forced_heads(self, batch) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(i, offset i+2, head i's hidden at t fed the true path x_{t+1..t+i+1}) for every t that
         has a token x_{t+i+2} to guess."""
         f = batch.features
@@ -196,27 +167,16 @@ class Hydra(LearnedDrafter):
             x = torch.cat([z[:, :n]] + [emb[:, 1 + j : 1 + j + n] for j in range(i + 1)], dim=-1)
             yield i, off, self.hydra_head[i](x)
 
-    def loss(self, batch) -> dict[str, torch.Tensor]:
+    def head_loss(self, i: int, off: int, hidden: torch.Tensor, batch,
+                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher loss: head i at t, fed the true path tokens ids[t+1..t+i+1], is scored with soft
         targets softmax(lm_head(f_{t+i+1})) — the target's distribution for x_{t+i+2}."""
-        valid = batch.loss_mask * batch.attention_mask
-        total = batch.features.new_zeros(())
-        out: dict[str, torch.Tensor] = {}
-        for i, off, hidden in self.teacher_forced_heads(batch):
-            n = hidden.shape[1]
-            teacher = batch.target_features[:, i + 1 : i + 1 + n]
-            mask = valid[:, off:]
-            proj = self.own_proj(i)
-            if proj is None:
-                ce, acc = self.head_ce(hidden, mask, target_hidden=teacher)
-            else:
-                logq = proj(hidden).float().log_softmax(-1)
-                p = self.target.project(teacher.to(self.target.dtype)).float().softmax(-1)
-                per = -(p * logq).sum(-1)
-                ce = (per * mask).sum() / mask.sum().clamp_min(1)
-                acc = ((logq.argmax(-1) == p.argmax(-1)).float() * mask).sum() / mask.sum().clamp_min(1)
-            total = total + ce
-            out[f"ce{i}"] = ce.detach()
-            out[f"acc{i}"] = acc.detach()
-        out["loss"] = total
-        return out
+        teacher = batch.target_features[:, i + 1 : i + 1 + hidden.shape[1]]
+        proj = self.own_proj(i)
+        if proj is None:
+            return self.vocab.head_ce(hidden, mask, target_hidden=teacher)
+        logq = proj(hidden).float().log_softmax(-1)
+        p = self.target.project(teacher.to(self.target.dtype)).float().softmax(-1)
+        ce = (-(p * logq).sum(-1) * mask).sum() / mask.sum().clamp_min(1)
+        acc = ((logq.argmax(-1) == p.argmax(-1)).float() * mask).sum() / mask.sum().clamp_min(1)
+        return ce, acc

@@ -10,55 +10,38 @@ feeding the frozen target LM head (`share_lm_head=true`, the legacy layout: a fe
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from harness.core.tree import DraftTree, StaticTree
-from methods.base import LearnedDrafter
+from harness.core.tree_build import Level, RankChildren
+from methods.heads import HEAD_DEFAULTS, HeadDrafter
+
+if TYPE_CHECKING:
+    from harness.core.decode import Acceptance, DraftContext
+    from harness.core.target import TargetOutput
 
 
 class ResBlock(nn.Module):
+    """x + SiLU(W x + b), W zero-initialised (the identity at initialisation); Hydra and Gumiho reuse it."""
+
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)  # identity at initialisation
+        nn.init.zeros_(self.linear.weight)
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.act(self.linear(x))
 
 
-def static_tree_proposal(root: int, tree: StaticTree, topk_per_depth: torch.Tensor, max_nodes: int) -> DraftTree:
-    """Tokens of a static tree whose depth-d node takes rank r of `topk_per_depth[d-1]`."""
-    keep = [i for i, d in enumerate(tree.depths) if d <= max_nodes - 1]
-    remap = {0: 0}
-    tokens, parents = [root], [-1]
-    table = topk_per_depth.tolist()
-    for i in keep:
-        remap[i + 1] = len(tokens)
-        tokens.append(table[tree.depths[i] - 1][tree.ranks[i]])
-        parents.append(remap[tree.parents[i]])
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents))
-
-
-class Medusa(LearnedDrafter):
+class Medusa(HeadDrafter):
     """Medusa-1 heads on the last target feature, static tree of rank paths."""
 
     name = "medusa"
-    defaults: dict[str, Any] = {
-        "heads": 5,
-        "layers": 1,
-        "share_lm_head": True,
-        # The best 15 nodes of mc_sim_7b_63 (bf16 here: a 16-token verify costs ~1.2x a step
-        # against ~1.6x for 64 tokens). A checkpoint whose config.json has a `decode.tree` (written
-        # by `calibrate-tree --save`) uses that instead. The official tree is `--set tree=mc_sim_7b_63`.
-        "tree": "cpu_15",
-        "draft_vocab": 8192,  # with share_lm_head only; see LearnedDrafter (0 = full vocab)
-    }
-    arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
-    input_noise = False  # the Medusa recipe adds no feature noise
+    defaults: dict[str, Any] = {"heads": 5, "layers": 1, **HEAD_DEFAULTS}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
@@ -72,39 +55,39 @@ class Medusa(LearnedDrafter):
                 blocks.append(proj)
             heads.append(nn.Sequential(*blocks))
         self.medusa_head = nn.ModuleList(heads)
-        self.tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
         self.to(device=target.device)  # float32 master weights; load_weights casts for inference
         self.feature: torch.Tensor | None = None
 
     def head_hidden(self, k: int, f: torch.Tensor) -> torch.Tensor:
-        """Head k's output before any vocab projection."""
+        """[..., H] -> [..., H]: head k's output before any vocab projection."""
         blocks = self.medusa_head[k]
-        n = self.config["layers"]
-        for j in range(n):
+        for j in range(self.config["layers"]):
             f = blocks[j](f)
         return f
 
     def head_logits(self, k: int, f: torch.Tensor) -> torch.Tensor:
-        h = self.head_hidden(k, f)
-        if self.config["share_lm_head"]:
-            return self.draft_logits(h)
-        return self.medusa_head[k][self.config["layers"]](h)
+        """[..., H] feature -> [..., V] logits of head k."""
+        return self.head_vocab_logits(k, self.head_hidden(k, f))
+
+    def own_proj(self, k: int) -> nn.Module | None:
+        return None if self.config["share_lm_head"] else self.medusa_head[k][self.config["layers"]]
 
     # ---- decoding -------------------------------------------------------------------------
-    def begin(self, prompt, prefill, root: int) -> None:
+    def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
         self.feature = prefill.hidden[-1]
 
-    def observe(self, step) -> None:
+    def observe(self, step: Acceptance) -> None:
         self.feature = step.hidden[-1]  # feature of the last accepted node: predicts the root
 
-    @torch.inference_mode()
-    def propose(self, ctx) -> DraftTree:
-        depth = min(self.tree.max_depth, ctx.max_nodes - 1)
-        if depth < 1:
-            return DraftTree.root_only(ctx.root)
+    def ranker(self, ctx: DraftContext) -> RankChildren:
+        """Sequentially independent heads: every depth-d node takes the same top-k, head d's on f."""
         f = self.feature.to(self.medusa_head[0][0].linear.weight.dtype)
-        top = torch.stack([self.head_logits(k, f).topk(self.tree.topk).indices for k in range(depth)])
-        return static_tree_proposal(ctx.root, self.tree, top, ctx.max_nodes)
+
+        def rank_children(level: Level) -> list[list[int]]:
+            top = self.head_logits(level.depth, f).topk(self.tree.topk).indices.tolist()
+            return [top] * len(level.nodes)
+
+        return rank_children
 
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod
@@ -126,11 +109,7 @@ class Medusa(LearnedDrafter):
         return drafter
 
     # ---- training and tree calibration ---------------------------------------------------
-    def own_proj(self, k: int) -> nn.Module | None:
-        """Head k's own vocab projection (official layout), or None: the frozen LM head."""
-        return None if self.config["share_lm_head"] else self.medusa_head[k][self.config["layers"]]
-
-    def teacher_forced_heads(self, batch):
+    def teacher_forced_heads(self, batch) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(k, offset 2+k, head k's hidden on f_t) for every t that has a token t+2+k to guess."""
         f = batch.features
         for k in range(self.config["heads"]):
@@ -139,25 +118,14 @@ class Medusa(LearnedDrafter):
                 break
             yield k, off, self.head_hidden(k, f[:, :-off])
 
-    def loss(self, batch) -> dict[str, torch.Tensor]:
-        """Sum over heads of CE(head_k(f_t), token t+2+k) on assistant tokens (Medusa-1)."""
-        ids = batch.input_ids
-        valid = batch.loss_mask * batch.attention_mask
-        total = batch.features.new_zeros(())
-        out: dict[str, torch.Tensor] = {}
-        for k, off, pred in self.teacher_forced_heads(batch):
-            labels = ids[:, off:]
-            mask = valid[:, off:]
-            if self.config["share_lm_head"]:
-                ce, acc = self.head_ce(pred, mask, labels=labels)
-            else:
-                logits = self.own_proj(k)(pred).float()
-                per = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
-                ce = (per * mask).sum() / mask.sum().clamp_min(1)
-                acc = ((logits.argmax(-1) == labels).float() * mask).sum() / mask.sum().clamp_min(1)
-            total = total + ce
-            out[f"ce{k}"] = ce.detach()
-            out[f"acc{k}"] = acc.detach()
-        out["loss"] = total
-        return out
-
+    def head_loss(self, k: int, off: int, hidden: torch.Tensor, batch,
+                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CE(head_k(f_t), token t+2+k) with hard labels (Medusa-1)."""
+        labels = batch.input_ids[:, off:]
+        if self.own_proj(k) is None:
+            return self.vocab.head_ce(hidden, mask, labels=labels)
+        logits = self.own_proj(k)(hidden).float()
+        per = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+        ce = (per * mask).sum() / mask.sum().clamp_min(1)
+        acc = ((logits.argmax(-1) == labels).float() * mask).sum() / mask.sum().clamp_min(1)
+        return ce, acc

@@ -45,7 +45,7 @@ def test_logits_and_loss_are_restricted(tiny_target):
     ids = torch.tensor([3, 90, 11, 40, 2, 77, 5, 60, 61, 9])
     d.set_draft_vocab(ids)
     h = torch.randn(4, tiny_target.hidden_size, generator=gen)
-    z = d.draft_logits(h)
+    z = d.vocab.draft_logits(h)
     full = tiny_target.project(h)
     inside = torch.zeros(tiny_target.vocab_size, dtype=torch.bool)
     inside[ids] = True
@@ -56,7 +56,7 @@ def test_logits_and_loss_are_restricted(tiny_target):
     # Soft targets: the teacher renormalised over the draft vocab.
     teacher = torch.randn(4, tiny_target.hidden_size, generator=gen)
     mask = torch.ones(4)
-    loss, _ = d.head_ce(h, mask, target_hidden=teacher)
+    loss, _ = d.vocab.head_ce(h, mask, target_hidden=teacher)
     w = tiny_target.lm_head.weight[ids.sort().values]
     p = (teacher @ w.T).softmax(-1)
     ref = -(p * (h @ w.T).log_softmax(-1)).sum(-1).mean()
@@ -65,7 +65,7 @@ def test_logits_and_loss_are_restricted(tiny_target):
     assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
     # Hard labels outside the draft vocab are masked, the others map to draft indices.
     labels = torch.tensor([3, 4, 90, 6])
-    loss, _ = d.head_ce(h, mask, labels=labels)
+    loss, _ = d.vocab.head_ce(h, mask, labels=labels)
     ref, _ = frozen_head_ce(h[[0, 2]], w, torch.ones(2), labels=torch.tensor([1, 9]))  # sorted ids: 3 is index 1
     # The same rows through GEMMs of 4 vs 2 rows: another kernel, the same bound as above.
     assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
@@ -77,10 +77,14 @@ def test_ids_survive_a_bf16_checkpoint_exactly(tmp_path):
     ids = torch.arange(301, 701, 8)[:50]
     d.set_draft_vocab(ids)
     d.save_pretrained(tmp_path)
+    # The head's ids keep the key every committed checkpoint uses: `draft_ids`, not `vocab.draft_ids`.
+    from safetensors.torch import load_file
+
+    assert "draft_ids" in load_file(str(tmp_path / "model.safetensors")) and "draft_ids" in d.state_dict()
     loaded = Eagle.from_pretrained(tmp_path, target)
-    assert torch.equal(loaded.draft_ids, ids)
+    assert torch.equal(loaded.vocab.draft_ids, ids)
     h = torch.randn(2, target.hidden_size, generator=torch.Generator().manual_seed(6))
-    assert bool(torch.isneginf(loaded.draft_logits(h)[:, :301]).all())
+    assert bool(torch.isneginf(loaded.vocab.draft_logits(h)[:, :301]).all())
 
 
 @pytest.mark.parametrize("cls", [Eagle, Eagle2])

@@ -144,7 +144,7 @@ def test_rollout_loss_trains(tiny_target, tmp_path):
 def test_rerank_keeps_a_parent_that_ties_with_its_child():
     """A child of probability ~1 scores exactly its parent's cumulative log-prob: the budget must
     still be a valid tree (parent kept first), so the tree size never depends on such ties."""
-    from methods.eagle2 import rerank
+    from harness.core.tree_build import rerank
 
     scores = torch.tensor([-1.0, -1.0, -1.0, -2.0, -0.5])
     parents = [-1, 0, 1, 0, -1]

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from harness.core.decode import GenerationConfig, generate
+from harness.core.tree_build import Node, build_tree
+from harness.runs.metrics import attach_divergences, own_divergences
 from harness.train.data import DistillBatch
 from methods.gumiho import Gumiho, fta_exact
 from tests.test_eagle import _begin
@@ -46,16 +48,13 @@ def test_mlp_heads_see_only_the_depth2_row(tiny_target, monkeypatch):
 
 def test_fta_exact_never_attends_outside_ancestors():
     # root -> a(d1) -> b(d2) -> c(d3) -> e(d4); root -> x(d1) (short path)
-    nodes = [{"tok": 1, "parent": -1, "score": -0.1, "depth": 1}, {"tok": 2, "parent": -1, "score": -2.0, "depth": 1},
-             {"tok": 3, "parent": 0, "score": -0.3, "depth": 2}, {"tok": 4, "parent": 2, "score": -0.5, "depth": 3},
-             {"tok": 5, "parent": 3, "score": -0.7, "depth": 4}]
+    nodes = [Node(1, -1, -0.1, 1), Node(2, -1, -2.0, 1), Node(3, 0, -0.3, 2), Node(4, 2, -0.5, 3), Node(5, 3, -0.7, 4)]
     out = fta_exact(nodes, budget=20)
-    from methods.eagle2 import build_tree
-
     tree = build_tree(0, out)
     assert torch.equal(tree.attention_mask, tree.ancestor_mask) and not tree.extra_mask
+    assert sum(n.borrowed for n in out) == 3
     # the short path root->x now continues with real copies of the trunk tokens 3, 4, 5
-    x = next(i for i, n in enumerate(out) if n["tok"] == 2 and n["depth"] == 1) + 1
+    x = next(i for i, n in enumerate(out) if n.token == 2 and n.depth == 1) + 1
     chain = []
     node = x
     while tree.children[node]:
@@ -103,16 +102,44 @@ def test_greedy_equals_ar(tiny_target, trained_gumiho, fta):
     assert_greedy_exact(tiny_target, d, seed=96)
 
 
-def test_paper_fta_runs_and_counts(tiny_target, trained_gumiho):
-    d = Gumiho.from_pretrained(trained_gumiho, tiny_target, {"fta": "paper", "mlp_row_alignment": "paper",
-                                                             "serial_sibling_mask": "paper"})
-    d.eval()
-    mism = 0
-    for p in tiny_prompts(tiny_target.vocab_size, 8, seed=95):
-        ar = generate(tiny_target, p, GenerationConfig(40))
-        sp = generate(tiny_target, p, GenerationConfig(40), d)
-        mism += sp.output_ids != ar.output_ids
-    assert mism >= 0  # completes; the count is reported by the harness, not hidden
+def test_paper_fta_adds_only_borrowed_edges(tiny_target, trained_gumiho):
+    """The official padding keeps the nodes of the tree without FTA and only adds edges: each short
+    path's leaf attends to (and is verified with) nodes of later columns, never its own ancestors."""
+    trees = {}
+    for fta in ("off", "paper"):
+        d = Gumiho.from_pretrained(trained_gumiho, tiny_target, {"fta": fta})
+        trees[fta] = d.propose(_begin(d, tiny_target, [3, 1, 4, 1, 5, 9]))
+    off, paper = trees["off"], trees["paper"]
+    assert torch.equal(off.tokens, paper.tokens) and torch.equal(off.parents, paper.parents)
+    assert paper.extra_mask and not off.extra_mask
+    leaves = {i for i, kids in enumerate(paper.children) if not kids}
+    for leaf, b in paper.extra_mask:
+        assert leaf in leaves and b > leaf and not paper.ancestor_mask[leaf, b]
+    assert all(kids[0] in {b for q, b in paper.extra_mask if q == leaf}
+               for leaf, kids in paper.extra_children.items())
+
+
+def test_paper_fta_mismatches_are_counted(tiny_target, trained_gumiho):
+    """Paper FTA is not lossless, so it may leave AR's greedy output: the harness's count of answers
+    that diverge from AR equals the answers that differ, counted here directly; the lossless
+    variants (exact, off) count none."""
+    paper = {"fta": "paper", "mlp_row_alignment": "paper", "serial_sibling_mask": "paper"}
+    variants = {"paper": paper, "exact": {"fta": "exact"}, "off": {"fta": "off"}}
+    drafters = {name: Gumiho.from_pretrained(trained_gumiho, tiny_target, cfg) for name, cfg in variants.items()}
+    records, differ = [], {name: 0 for name in variants}
+    for q, p in enumerate(tiny_prompts(tiny_target.vocab_size, 8, seed=95)):
+        key = {"benchmark": "tiny", "question_id": q, "turn": 0, "temperature": 0.0, "seed": 0}
+        ar = generate(tiny_target, p, GenerationConfig(40)).output_ids
+        records.append({**key, "method": "ar", "output_ids": ar})
+        for name, d in drafters.items():
+            out = generate(tiny_target, p, GenerationConfig(40), d).output_ids
+            differ[name] += out != ar
+            records.append({**key, "method": f"gumiho-{name}", "output_ids": out})
+    attach_divergences(records)
+    for name in variants:
+        counted = own_divergences([r for r in records if r["method"] == f"gumiho-{name}"])
+        assert len(counted) == differ[name], name
+    assert differ["exact"] == differ["off"] == 0
 
 
 def test_official_layout_and_vicuna7b_sizes(tiny_target, tmp_path):

@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from harness.core.tree import StaticTree
+from harness.core.tree_build import walk_static_tree
 from harness.train.data import DistillBatch
-from methods.medusa import Medusa, static_tree_proposal
+from methods.medusa import Medusa
 from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly
 
 
@@ -13,15 +14,26 @@ def test_static_tree_buffers_for_a_small_choices_list():
     tree = StaticTree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
     assert tree.parents == [0, 0, 1, 1, 2, 3]
     assert tree.depths == [1, 1, 2, 2, 2, 3] and tree.topk == 2
-    top = torch.tensor([[10, 11], [20, 21], [30, 31]])
-    dt = static_tree_proposal(5, tree, top, max_nodes=10)
+    top = [[10, 11], [20, 21], [30, 31]]  # depth-d nodes take rank r of top[d - 1], as Medusa's heads
+    seen = []
+
+    def rank_children(level):
+        seen.append((level.depth, level.nodes, level.need))
+        return [top[level.depth]] * len(level.nodes)
+
+    dt = walk_static_tree(5, tree, 10, rank_children)
     assert dt.tokens.tolist() == [5, 10, 11, 20, 21, 20, 30]
     assert dt.parent_list == [-1, 0, 0, 1, 1, 2, 3]
     m = dt.ancestor_mask
     assert torch.equal(m.sum(1) - 1, dt.depths) and m[:, 0].all() and torch.equal(m, m.tril())
     assert dt.depths.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    # Only nodes with children are expanded, each told how many ranks its children use.
+    assert seen == [(0, [0], [2]), (1, [1, 2], [2, 1]), (2, [3], [1])]
     # Room for only 2 new tokens: depth capped at 1.
-    assert static_tree_proposal(5, tree, top, max_nodes=2).size == 2
+    assert walk_static_tree(5, tree, 2, rank_children).size == 2
+    # A ranking shorter than asked for (a sampled draft) drops the missing ranks and their subtrees.
+    short = walk_static_tree(5, tree, 10, lambda level: [[7]] * len(level.nodes))
+    assert short.tokens.tolist() == [5, 7, 7, 7] and short.parent_list == [-1, 0, 1, 2]
 
 
 def test_official_tree_shape():

@@ -151,7 +151,7 @@ def test_reference_results_come_from_a_clean_tree(run_dir, tmp_path):
     source = json.loads((tmp_path / "b.json").read_text())["source"]["run_dir"]
     assert source == "<outside the repository>/" + "/".join(run_dir.parts[-2:])
     inside = regress.REPO_ROOT / "results" / "runs" / "x"
-    from harness.runs.results import repo_relative
+    from harness.core.paths import repo_relative
     assert repo_relative(inside) == "results/runs/x"
 
 

@@ -14,9 +14,12 @@ from typer.testing import CliRunner
 
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
-from harness.report import render as report
-from harness.runs.metrics import summarize
+from harness.report import plots, tables
+from harness.report.rebuild import write_report
+from harness.runs import metrics, statistics
+from harness.runs.metrics import prompt_key, summarize
 from harness.runs.results import RunDir, record_key
+from harness.runs.statistics import load_run, load_stats
 
 ACCEPT = {"pld": 0.35, "eagle": 0.7, "medusa": 0.55}
 PARAMS = {"pld": 0, "eagle": 1_234_567, "medusa": 456_000}
@@ -108,24 +111,37 @@ def run_dir(tmp_path):
 
 # ----------------------------------------------------------------------------- numbers
 
-def test_point_estimates_equal_summary_csv(run_dir):
-    run = report.load_run(run_dir)
-    cells = report.main_cells(run)
+def test_summary_csv_and_tables_come_from_one_computation(run_dir, monkeypatch):
+    """summary.csv and the tables take τ and speedup from metrics.AnswerSums: equal to the bit, and a
+    change there reaches both."""
+    stats = load_stats(run_dir)
     summary = summarize(RunDir(run_dir).records())
-    for row, by_bench in cells.items():
-        for b in run.benchmarks:
+    for row, by_bench in stats.cells.items():
+        for b in stats.run.benchmarks:
             s = summary[(summary.method == row.method) & (summary.benchmark == b)
                         & (summary.temperature == row.temperature) & (summary.acceptance == row.acceptance)]
             assert len(s) == 1
-            assert by_bench[b].tau == pytest.approx(float(s.tau.iloc[0]), rel=1e-12)
-            assert by_bench[b].speedup == pytest.approx(float(s.speedup.iloc[0]), rel=1e-12)
-        mean = by_bench[report.MEAN]
-        assert mean.tau == pytest.approx(np.mean([by_bench[b].tau for b in run.benchmarks]))
+            assert by_bench[b].tau == float(s.tau.iloc[0]) and by_bench[b].speedup == float(s.speedup.iloc[0])
+        mean = by_bench[statistics.MEAN]
+        assert mean.tau == pytest.approx(np.mean([by_bench[b].tau for b in stats.run.benchmarks]))
+    monkeypatch.setattr(metrics.AnswerSums, "tau", lambda self, weights=None: np.asarray(7.0))
+    assert set(summarize(RunDir(run_dir).records()).tau) == {7.0}
+    cells = statistics.main_cells(load_run(run_dir), resamples=0)
+    assert {c.tau for by_bench in cells.values() for c in by_bench.values()} == {7.0}
+
+
+def test_a_rebuild_computes_the_statistics_once(run_dir, monkeypatch):
+    calls = []
+    real = statistics.main_cells
+    monkeypatch.setattr(statistics, "main_cells", lambda *a, **k: calls.append(1) or real(*a, **k))
+    paths = write_report(run_dir, ci=True)
+    assert len(calls) == 1
+    assert {p.parent.name for p in paths} == {"tables", "plots"}
 
 
 def test_bootstrap_interval_is_deterministic_and_covers_the_estimate(run_dir):
-    a = report.main_frame(report.load_run(run_dir))
-    b = report.main_frame(report.load_run(run_dir))
+    a = load_stats(run_dir).main
+    b = load_stats(run_dir).main
     assert a.equals(b)
     assert (a.tau_lo <= a.tau + 1e-9).all() and (a.tau <= a.tau_hi + 1e-9).all()
     assert (a.speedup_lo <= a.speedup + 1e-9).all() and (a.speedup <= a.speedup_hi + 1e-9).all()
@@ -137,32 +153,49 @@ def test_bootstrap_on_identical_answers_collapses():
            "seed": 0, "new_tokens": 10, "wall_s": 1.0, "steps": {"tokens": [2, 2, 2], "accepted": [1, 1, 1]}}
     ar = {**rec, "method": "ar", "wall_s": 2.0, "steps": {"tokens": [1] * 9}}
     recs = [dict(rec, question_id=i) for i in range(5)]
-    ars = {report._prompt_key(dict(ar, question_id=i)): [dict(ar, question_id=i)] for i in range(5)}
-    cell = report.cell_stats(recs, ars, ("x",))
+    ars = {prompt_key(dict(ar, question_id=i)): [dict(ar, question_id=i)] for i in range(5)}
+    cell = statistics.cell_stats(recs, ars, ("x",))
     assert cell.tau == 2.0 and cell.tau_ci == (2.0, 2.0)
     assert cell.speedup == 2.0 and cell.speedup_ci == pytest.approx((2.0, 2.0))
 
 
 def test_bootstrap_interval_narrows_with_more_answers(tmp_path):
-    small = report.main_frame(report.load_run(write_run(tmp_path / "s", questions=4)))
-    large = report.main_frame(report.load_run(write_run(tmp_path / "l", questions=40)))
+    small = load_stats(write_run(tmp_path / "s", questions=4)).main
+    large = load_stats(write_run(tmp_path / "l", questions=40)).main
     w = lambda f: float((f.tau_hi - f.tau_lo).mean())  # noqa: E731
     assert w(large) < w(small)
 
 
 def test_cost_and_depth_tables(run_dir):
-    run = report.load_run(run_dir)
-    cost = report.cost_frame(run)
+    stats = load_stats(run_dir)
+    cost = stats.cost
     ar = cost[cost.method == "ar"].iloc[0]
     assert ar.tau == 1.0 and ar.tree_size == 0 and ar.draft_parameters == 0
     eagle = cost[(cost.method == "eagle") & (cost.temperature == 0)].iloc[0]
     assert eagle.draft_parameters == PARAMS["eagle"] and eagle.tree_size == 6
     # other = wall - prefill - draft - verify: the synthetic records add 1 ms per step.
     assert eagle.other_ms_per_step == pytest.approx(1.0, abs=1e-3)
-    depth = report.depth_frame(run)
+    depth = stats.depth
     d = depth[(depth.method == "eagle") & (depth.temperature == 0)].iloc[0]
     assert 1 >= d.d1 >= d.d2 >= d.d3 > 0
     assert "ar" not in set(depth.method)
+
+
+def test_lossy_comes_from_the_records(tmp_path):
+    """A row is lossy when its records say so (`"lossy"`, written by the runner); records written
+    before the field existed fall back to typical, the one lossy rule of that time."""
+    path = write_run(tmp_path / "run", methods=("pld",), temperatures=(1.0,), typical=True)
+    assert {r.acceptance: r.lossy for r in load_run(path).rows} == {"lossless": False, "typical": True}
+    recs = [json.loads(line) for line in (path / "records.jsonl").read_text().splitlines()]
+    for r in recs:  # a made-up rule set: what the records say wins over the rule's name
+        r["lossy"] = r["acceptance"] == "lossless"
+    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    stats = load_stats(path)
+    assert {r.acceptance: r.lossy for r in stats.run.rows} == {"lossless": True, "typical": False}
+    assert set(stats.main[stats.main.lossy].acceptance) == {"lossless"}
+    tables.write_tables(stats)
+    md = (path / "tables" / "main.md").read_text()
+    assert "| pld (lossless, lossy) |" in md and "| pld |" in md
 
 
 def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
@@ -173,7 +206,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
             r["turn"] = 1
             r["key"] = record_key(r)
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    frame = report.turn_frame(report.load_run(path))
+    frame = statistics.turn_frame(load_run(path))
     for method in ("pld", "eagle"):
         line = frame[frame.method == method].iloc[0]
         for turn, qids in ((1, (100, 101)), (2, (102, 103))):
@@ -181,18 +214,18 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
             tau = sum(sum(r["steps"]["tokens"]) for r in mine) / sum(len(r["steps"]["tokens"]) for r in mine)
             assert line[f"turn{turn}_answers"] == 2 and line[f"turn{turn}_tau"] == pytest.approx(tau, abs=1e-4)
             assert line[f"turn{turn}_speedup"] > 0
-    written = [p.name for p in report.write_tables(path)]
+    written = [p.name for p in write_report(path, plots=False)]
     assert "turns.md" in written and "Turn 2 τ" in (path / "tables" / "turns.md").read_text()
     # no benchmark with two turns: no turn table
     single = write_run(tmp_path / "single", methods=("pld",), questions=2)
-    assert report.turn_frame(report.load_run(single)).empty
-    assert "turns.md" not in [p.name for p in report.write_tables(single)]
+    assert statistics.turn_frame(load_run(single)).empty
+    assert "turns.md" not in [p.name for p in write_report(single, plots=False)]
 
 
 # ----------------------------------------------------------------------------- files
 
 def test_tables_layout(run_dir):
-    report.write_tables(run_dir)
+    tables.write_tables(load_stats(run_dir))
     md = (run_dir / "tables" / "main.md").read_text()
     assert "**Temperature 0 (greedy)**" in md and "**Temperature 1 (lossless, typical)**" in md
     assert "| Method | MT-Bench Speedup | MT-Bench τ | GSM8K Speedup | GSM8K τ | Mean Speedup | Mean τ |" in md
@@ -208,13 +241,13 @@ def test_tables_layout(run_dir):
     csv = (run_dir / "tables" / "main.csv").read_text().splitlines()
     assert csv[0].startswith("temperature,method,variant,acceptance,lossy,config_hash,benchmark,answers,speedup,"
                              "speedup_lo,speedup_hi,tau,tau_lo,tau_hi")
-    report.write_tables(run_dir, ci=True)
+    tables.write_tables(load_stats(run_dir), ci=True)
     assert "Brackets: 95% bootstrap interval" in (run_dir / "tables" / "main.md").read_text()
 
 
 def test_best_is_bold_in_markdown(tmp_path):
     run_dir = write_run(tmp_path / "r", methods=("pld", "eagle"))
-    report.write_tables(run_dir)
+    write_report(run_dir, plots=False)
     md = (run_dir / "tables" / "main.md").read_text()
     eagle = next(line for line in md.splitlines() if line.startswith("| eagle"))
     pld = next(line for line in md.splitlines() if line.startswith("| pld"))
@@ -222,7 +255,7 @@ def test_best_is_bold_in_markdown(tmp_path):
 
 
 def test_plots_written(run_dir):
-    paths = report.write_plots(run_dir)
+    paths = plots.write_plots(load_stats(run_dir))
     names = sorted(p.name for p in paths)
     for stem in ("depth", "speedup", "tau", "time"):
         assert f"{stem}.png" in names and f"{stem}.svg" in names
@@ -230,11 +263,10 @@ def test_plots_written(run_dir):
 
 
 def test_rebuild_by_cli_equals_compare_output(run_dir, tmp_path):
-    """What `compare` writes after its grid (harness.runs.compare.write_outputs) equals `table` + `plot`."""
+    """What `compare` writes after its grid (`write_report`) equals `table` + `plot`."""
     from cli import app
-    from harness.runs.compare import write_outputs
 
-    write_outputs(run_dir, ci=True)
+    write_report(run_dir, ci=True)
     first = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.parent.name in ("tables", "plots")}
     assert len(first) >= 9 + 8
     shutil.rmtree(run_dir / "tables")
@@ -254,13 +286,15 @@ def test_table_of_a_folder_without_records_is_one_line(tmp_path):
     res = CliRunner().invoke(app, ["table", str(tmp_path)])
     assert res.exit_code == 2 and "no records.jsonl" in res.output
     with pytest.raises(SpecbenchError, match="AR records only"):
-        report.write_tables(write_run(tmp_path / "ar", methods=()))
+        write_report(write_run(tmp_path / "ar", methods=()), plots=False)
+    with pytest.raises(SpecbenchError, match="AR records only"):
+        write_report(tmp_path / "ar", tables=False)
 
 
 def test_fixed_colours():
-    assert report.method_color("pld") == report.METHOD_COLORS["pld"]
-    assert report.method_color("newthing") == report.method_color("newthing")
-    assert report.method_color("newthing") in report.EXTRA_COLORS
+    assert plots.method_color("pld") == plots.METHOD_COLORS["pld"]
+    assert plots.method_color("newthing") == plots.method_color("newthing")
+    assert plots.method_color("newthing") in plots.EXTRA_COLORS
 
 
 def test_ablation_folder_tables_and_plot(tmp_path):
@@ -273,14 +307,14 @@ def test_ablation_folder_tables_and_plot(tmp_path):
                 "variants": {k: {kk: vv for kk, vv in cfg.items() if vv != {"max_draft": 10, "adaptive": True}[kk]}
                              for k, (_, cfg) in variants.items()}}
     run_dir = write_run(tmp_path / "ab", variants=variants, ablation=ablation)
-    paths = report.write_report(run_dir)
+    paths = write_report(run_dir)
     names = {p.name for p in paths}
     assert {"ablation.md", "ablation.tex", "ablation.csv", "ablation.png", "ablation.svg"} <= names
     md = (run_dir / "tables" / "ablation.md").read_text()
     assert "| Variant |" in md
     rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ") and "Variant" not in line]
     assert rows == ["| default", "| max_draft=5", "| max_draft=2", "| adaptive=false"]
-    frame = report.main_frame(report.load_run(run_dir))
+    frame = load_stats(run_dir).main
     tau = frame[frame.benchmark == "mean"].set_index("variant").tau
     assert tau["default"] > tau["max_draft=2"]  # the synthetic rate grows with max_draft
 
@@ -290,10 +324,10 @@ def test_rows_of_one_method_under_two_unlabelled_configs_stay_apart(tmp_path):
     meta = json.loads((run_dir / "meta.json").read_text())
     del meta["config"]["methods_resolved"]
     (run_dir / "meta.json").write_text(json.dumps(meta))
-    run = report.load_run(run_dir)
-    assert len(run.rows) == 2 and len({r.name for r in run.rows}) == 2
-    assert all(r.name.startswith("pld [") for r in run.rows)
-    assert not any(math.isnan(v) for v in report.main_frame(run).tau)
+    stats = load_stats(run_dir)
+    assert len(stats.run.rows) == 2 and len({r.name for r in stats.run.rows}) == 2
+    assert all(r.name.startswith("pld [") for r in stats.run.rows)
+    assert not any(math.isnan(v) for v in stats.main.tau)
 
 
 # ----------------------------------------------------------------------------- compare / ablate
@@ -451,7 +485,7 @@ def chat_tiny_target():
 def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, chat_tiny_target):
     from rich.console import Console
 
-    from harness.runs.compare import GridSpec, run_ablation, write_outputs
+    from harness.runs.compare import GridSpec, run_ablation
 
     def spec():
         return GridSpec(methods=None, benchmarks=["mt_bench"], temperatures=[1.0, 0.0], target="tiny",
@@ -464,6 +498,7 @@ def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, ch
     records = RunDir(run_dir).records()
     # 2 temperatures x 2 MT-Bench turns x (AR + default + max_draft=2 + adaptive=false)
     assert len(records) == 2 * 2 * 4
+    assert all(r["lossy"] is False for r in records)  # the runner says whether the rule is lossy
     assert {r["acceptance"] for r in records if r["method"] != "ar"} == {"greedy", "lossless"}
     assert len({r["config_hash"] for r in records}) == 4
     meta = json.loads((run_dir / "meta.json").read_text())
@@ -473,7 +508,7 @@ def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, ch
     run_ablation("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec(), out, shared_data, quiet,
                  chat_tiny_target)
     assert len(RunDir(run_dir).records()) == len(records)
-    paths = write_outputs(run_dir)
+    paths = write_report(run_dir)
     assert {"ablation.md", "ablation.png", "cost.md", "depth.csv"} <= {p.name for p in paths}
     md = (run_dir / "tables" / "ablation.md").read_text()
     assert "**Temperature 0 (greedy)**" in md and "| max_draft=2 |" in md

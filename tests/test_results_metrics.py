@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from harness.core.errors import SpecbenchError
@@ -115,6 +116,27 @@ def test_speedup_pairs_same_prompts_only(run_records):
     assert sampled["ar_tokens_per_s"] == 2.5 and sampled["speedup"] == 4.0
     lonely = df.loc[("pld", "gsm8k", 0.0)]
     assert math.isnan(lonely["speedup"]) and lonely["tokens_per_s"] == 10.0
+
+
+def test_answer_sums_pool_variants_with_ar_counted_once():
+    """τ and speedup of summary.csv and of the tables are ratios of `AnswerSums`. Two variants of one
+    method answering one prompt share one summary.csv row, in which AR's answer counts once; each
+    variant alone is paired with it in full. Weights (a bootstrap) give one estimate per resample."""
+    a = dict(rec("pld", 0, 10, 1.0, [5, 5], [4, 4]), config_hash="a")
+    b = dict(rec("pld", 0, 30, 1.0, [10, 10, 10], [9, 9, 9]), config_hash="b")
+    for r in (a, b):
+        r["key"] = record_key(r)
+    ar = rec("ar", 0, 10, 2.0, [1] * 9, [0] * 9)
+    by_prompt = metrics.ar_by_prompt([a, b, ar])
+    pooled = metrics.AnswerSums.of([a, b], by_prompt)
+    assert float(pooled.tau()) == 40 / 5
+    assert pooled.throughputs() == (20.0, 5.0) and float(pooled.speedup()) == 4.0
+    assert float(metrics.AnswerSums.of([a], by_prompt).speedup()) == 2.0
+    assert pooled.tau(np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]]))[:2].tolist() == [8.0, 5.0]
+    assert math.isnan(pooled.tau(np.zeros((1, 2)))[0])  # a resample without a step
+    assert math.isnan(float(metrics.AnswerSums.of([a]).speedup()))  # no AR answer to pair with
+    row = summarize([a, b, ar]).set_index("method").loc["pld"]
+    assert (row["tau"], row["speedup"], row["tokens_per_s"], row["ar_tokens_per_s"]) == (8.0, 4.0, 20.0, 5.0)
 
 
 def test_summary_order_and_dedupe(run_records, tmp_path):

@@ -41,6 +41,8 @@ import harness.core.verify
 from harness.core.decode import GenerationConfig, generate
 from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, processed_probs, sample
+from harness.runs import law_check
+from harness.runs.law_check import chi2_sf
 from methods.base import Drafter
 from tests.conftest import make_tiny_target
 
@@ -54,57 +56,10 @@ CASES = [(0.7, 1.0), (1.0, 1.0), (0.7, 0.8), (1.0, 0.8)]
 
 
 # ---------------------------------------------------------------------------------- statistics
-def chi2_sf(x: float, df: int) -> float:
-    """P(X >= x) for X ~ chi-square(df): the regularised upper incomplete gamma Q(df/2, x/2)
-    (series for small x, Lentz continued fraction otherwise; Numerical Recipes' gammq)."""
-    a, x = df / 2.0, x / 2.0
-    if x <= 0:
-        return 1.0
-    log_front = -x + a * math.log(x) - math.lgamma(a)
-    if x < a + 1:
-        term = total = 1.0 / a
-        n = a
-        while abs(term) > abs(total) * 1e-15:
-            n += 1
-            term *= x / n
-            total += term
-        return max(0.0, 1.0 - total * math.exp(log_front))
-    tiny = 1e-300
-    b = x + 1 - a
-    c, d = 1 / tiny, 1 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = 1 / (d if abs(d) > tiny else tiny)
-        c = b + an / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return math.exp(log_front) * h
-
-
 def pooled_chi2(observed: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, float]:
-    """Pearson chi-square of counts against exact cell probabilities, cells with expected count
-    < MIN_EXPECTED pooled into one bin (merged with the smallest kept cell if still too small).
-    Returns (statistic, degrees of freedom, p-value)."""
-    obs, exp = observed.double().flatten(), probs.double().flatten() * observed.sum()
-    big = exp >= MIN_EXPECTED
-    o, e = obs[big].tolist(), exp[big].tolist()
-    o_small, e_small = float(obs[~big].sum()), float(exp[~big].sum())
-    if e_small > 0:
-        if e_small >= MIN_EXPECTED:
-            o.append(o_small)
-            e.append(e_small)
-        else:
-            j = min(range(len(e)), key=e.__getitem__)
-            o[j] += o_small
-            e[j] += e_small
-    stat = sum((oi - ei) ** 2 / ei for oi, ei in zip(o, e))
-    df = len(e) - 1
-    return stat, df, chi2_sf(stat, df)
+    """`harness.runs.law_check.pooled_chi2` of counts against exact cell probabilities."""
+    obs = observed.double().flatten()
+    return law_check.pooled_chi2(obs.tolist(), (probs.double().flatten() * obs.sum()).tolist(), MIN_EXPECTED)
 
 
 def test_chi2_sf_matches_closed_forms():

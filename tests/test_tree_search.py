@@ -12,7 +12,7 @@ from harness.core.tree import StaticTree
 from harness.train.calibrate import calibrate_tree, save_tree
 from harness.train.data import DistillBatch
 from harness.train.tree_search import accepted_drafts, best_static_tree, expected_tau, truth_ranks
-from methods.base import UNREACHABLE
+from methods.draft_vocab import UNREACHABLE
 from methods.hydra import Hydra
 from methods.medusa import Medusa
 from tests.train_helpers import tiny_dataset, tiny_prompts, train_quickly
@@ -60,7 +60,7 @@ def _truth_gaps(d, batch) -> torch.Tensor:
     out = torch.full((t, d.config["heads"]), float("inf"))
     for k, off, hidden in d.teacher_forced_heads(batch):
         proj = d.own_proj(k)
-        z = (proj(hidden) if proj is not None else d.draft_logits(hidden)).float()[0]
+        z = (proj(hidden) if proj is not None else d.vocab.draft_logits(hidden)).float()[0]
         labels = batch.input_ids[0, off:]
         at = z.gather(-1, labels[:, None])
         gap = (z - at).abs().scatter(-1, labels[:, None], float("inf"))

@@ -1,19 +1,27 @@
 """The decoding loop shared by every method: prefill -> propose -> verify -> accept -> commit.
 
 Plain autoregressive decoding is the same loop with an empty draft (the tree is the root alone),
-so AR and every drafter run on the same Target, cache and acceptance code.
+so AR and every drafter run on the same Target, cache and acceptance code. As in gpt-fast's
+`generate.py`, the loop is a few small functions: `prefill`, `speculative_step` (one step, with
+its timings), `Answer.extend` (trimming at EOS, a stop string or the token limit) and `generate`,
+which strings them together and keeps the per-step records.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from harness.core.errors import SpecbenchError
-from harness.core.target import Target
+from harness.core.kvcache import KVCache
+from harness.core.target import Target, TargetOutput
 from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
+
+# Stop reasons after which the drafter is not told about the step: the sequence is over.
+FINISHED = ("eos", "stop")
 
 
 @dataclass
@@ -64,6 +72,8 @@ class GenerationConfig:
 
 @dataclass
 class Generation:
+    """One answer: its tokens, why it stopped, its clock, and one entry per step in each step list."""
+
     output_ids: list[int]
     prompt_tokens: int
     prefill_s: float
@@ -87,19 +97,30 @@ class Generation:
     def tau(self) -> float:
         return sum(self.tokens) / max(1, len(self.tokens))
 
+    def add_step(self, step: Step) -> None:
+        self.tree_size.append(step.tree.size)
+        self.accepted.append(step.verdict.accepted)
+        self.tokens.append(len(step.kept))
+        self.draft_ms.append(step.draft_s * 1e3)
+        self.verify_ms.append(step.verify_s * 1e3)
 
-def _pick(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+
+# ----------------------------------------------------------------------------- small pieces
+
+def pick_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    """The target's next token from one logits row: argmax at T = 0, else a sample."""
     if sampling.temperature == 0:
         return int(greedy_tokens(logits_row))
     return sample(processed_probs(logits_row, sampling.temperature, sampling.top_p), generator)
 
 
-def _top2(logits_rows: torch.Tensor) -> tuple[list[float], list[float]]:
+def top1_and_gap(logits_rows: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per row: the top-1 logit and its gap to the top-2 (how close AR greedy was to a tie)."""
     v = logits_rows.float().topk(2, dim=-1).values
     return v[:, 0].tolist(), (v[:, 0] - v[:, 1]).tolist()
 
 
-def _stop_at(target: Target, out: list[int], n_new: int, stop_strings: tuple[str, ...]) -> int | None:
+def stop_string_cut(target: Target, out: list[int], n_new: int, stop_strings: tuple[str, ...]) -> int | None:
     """Length to cut `out` to if a stop string appeared among the last n_new tokens, else None."""
     tail_start = max(0, len(out) - n_new - 16)
     if not any(s in target.decode(out[tail_start:]) for s in stop_strings):
@@ -110,95 +131,154 @@ def _stop_at(target: Target, out: list[int], n_new: int, stop_strings: tuple[str
     return None
 
 
+# ----------------------------------------------------------------------------- the answer so far
+
+@dataclass
+class Answer:
+    """The tokens generated so far, trimmed, and the context drafters see (prompt + answer)."""
+
+    target: Target
+    cfg: GenerationConfig
+    eos: Collection[int]
+    ids: list[int]
+    context: list[int]      # one list for the whole answer: extended in place, never replaced
+    stop_reason: str = "length"
+
+    @property
+    def finished(self) -> bool:
+        """EOS or a stop string: no further step, and the drafter is not told about the last one."""
+        return self.stop_reason in FINISHED
+
+    @property
+    def room(self) -> int:
+        return self.cfg.max_new_tokens - len(self.ids)
+
+    def extend(self, new: list[int]) -> list[int]:
+        """Add a step's tokens (accepted drafts + bonus), cut at the first EOS, at the token
+        limit, and at the end of a stop string (which outranks EOS); return the tokens kept."""
+        for i, t in enumerate(new):
+            if t in self.eos:
+                new = new[: i + 1]
+                self.stop_reason = "eos"
+                break
+        new = new[: self.room]
+        self.ids += new
+        if self.cfg.stop_strings:
+            cut = stop_string_cut(self.target, self.ids, len(new), self.cfg.stop_strings)
+            if cut is not None:
+                new = new[: len(new) - (len(self.ids) - cut)]
+                self.ids = self.ids[:cut]
+                self.stop_reason = "stop"
+        self.context += new
+        return new
+
+
+# ----------------------------------------------------------------------------- the loop's steps
+
+def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, generator: torch.Generator | None,
+            drafter=None) -> tuple[KVCache, TargetOutput, int]:
+    """1. The prompt goes into a new cache; its last logits give the first new token (the root),
+    and the drafter starts a sequence on the prompt's features. Returns (cache, prefill output, root)."""
+    cache = target.new_cache(capacity=len(prompt_ids) + cfg.max_new_tokens + 80)
+    prompt = torch.tensor(prompt_ids)
+    prefilled = target.forward(prompt, cache, logits="last")
+    root = pick_token(prefilled.logits[-1], cfg.sampling, generator)
+    if drafter is not None:
+        drafter.begin(prompt, prefilled, root)
+    return cache, prefilled, root
+
+
+def verify_tree(target: Target, cache: KVCache, tree: DraftTree, sampling: Sampling,
+                generator: torch.Generator | None) -> tuple[TargetOutput, Verdict]:
+    """3-4. One target forward over root + tree nodes on top of the cached prefix; accept a path;
+    keep only that path's cache rows. Returns the forward's output ([N+1] rows) and the verdict."""
+    start = cache.length
+    if tree.size == 0:
+        verified = target.forward(tree.tokens, cache)
+    else:
+        verified = target.forward(tree.tokens, cache, position_ids=start + tree.depths,
+                                  tree_mask=tree.attention_mask)
+    verdict = verify(tree, verified.logits, sampling, generator)
+    if tree.size:
+        cache.commit(start, torch.tensor(verdict.path))
+    return verified, verdict
+
+
+@dataclass
+class Step:
+    """What one speculative step did, and its clock."""
+
+    tree: DraftTree
+    verified: TargetOutput  # logits [N+1, V] and hidden [N+1, H] of root + tree nodes
+    verdict: Verdict
+    kept: list[int]         # new tokens the answer kept (accepted drafts + bonus, after trimming)
+    draft_s: float          # propose + observe
+    verify_s: float         # target forward + verify + cache commit
+
+
+def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, root: int,
+                     sampling: Sampling, generator: torch.Generator | None, room: int) -> Step:
+    """One step: 2. propose a tree under `root`; 3. verify it with one target forward; 4. accept
+    a path and commit its cache rows; trim the new tokens into `answer`; 5. let the drafter
+    observe the accepted tokens and their target features (unless the answer is finished)."""
+    t_propose = time.perf_counter()
+    if drafter is None:
+        tree = DraftTree.root_only(root)
+    else:
+        tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
+    t_verify = time.perf_counter()
+    verified, verdict = verify_tree(target, cache, tree, sampling, generator)
+    t_verified = time.perf_counter()
+    path = verdict.path
+    kept = answer.extend(tree.tokens[path[1:]].tolist() + [verdict.bonus])
+    t_observe = time.perf_counter()
+    if drafter is not None and not answer.finished:
+        drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[path], verdict.bonus,
+                                   verified.logits[path]))
+    t_done = time.perf_counter()
+    return Step(tree, verified, verdict, kept, draft_s=(t_verify - t_propose) + (t_done - t_observe),
+                verify_s=t_verified - t_verify)
+
+
 @torch.inference_mode()
 def generate(target: Target, prompt_ids: list[int], cfg: GenerationConfig, drafter=None) -> Generation:
     """Generate up to cfg.max_new_tokens after `prompt_ids`, with `drafter` or autoregressively."""
     if not prompt_ids:
         raise SpecbenchError("empty prompt: nothing to condition on")
     sampling = cfg.sampling
-    gen = torch.Generator().manual_seed(cfg.seed) if sampling.temperature > 0 else None
+    generator = torch.Generator().manual_seed(cfg.seed) if sampling.temperature > 0 else None
     max_ctx = getattr(target.config, "max_position_embeddings", 1 << 30)
     if len(prompt_ids) + 1 >= max_ctx:
         raise SpecbenchError(f"prompt of {len(prompt_ids)} tokens does not fit the target's context ({max_ctx})")
-    t0 = time.perf_counter()
+    started = time.perf_counter()
 
-    # 1. Prefill: the prompt goes into the cache; its last logits give the first new token (the root).
-    cache = target.new_cache(capacity=len(prompt_ids) + cfg.max_new_tokens + 80)
-    prompt = torch.tensor(prompt_ids)
-    pre = target.forward(prompt, cache, logits="last")
-    root = _pick(pre.logits[-1], sampling, gen)
-    res = Generation([root], len(prompt_ids), 0.0, 0.0, "length")
+    cache, prefilled, root = prefill(target, prompt_ids, cfg, generator, drafter)
+    answer = Answer(target, cfg, target.eos_token_ids, [root], list(prompt_ids) + [root])
+    if root in answer.eos:
+        answer.stop_reason = "eos"
+    res = Generation(answer.ids, len(prompt_ids), prefill_s=0.0, wall_s=0.0, stop_reason="")
     if cfg.record_logit_gaps:
-        res.top1, res.gap = _top2(pre.logits[-1:])
-    if drafter is not None:
-        drafter.begin(prompt, pre, root)
-    res.prefill_s = time.perf_counter() - t0
-    context = list(prompt_ids) + [root]
-    eos = target.eos_token_ids
-    if root in eos:
-        res.stop_reason = "eos"
+        res.top1, res.gap = top1_and_gap(prefilled.logits[-1:])
+    res.prefill_s = time.perf_counter() - started
 
-    while res.stop_reason != "eos" and len(res.output_ids) < cfg.max_new_tokens:
-        start = cache.length
-        room = min(cfg.max_new_tokens - len(res.output_ids), max_ctx - start - 2)
+    while not answer.finished and answer.room > 0:
+        room = min(answer.room, max_ctx - cache.length - 2)
         if room < 1:
-            res.stop_reason = "context"
+            answer.stop_reason = "context"
             break
-        # 2. Propose a tree under the root.
-        td = time.perf_counter()
-        if drafter is None:
-            tree = DraftTree.root_only(root)
-        else:
-            tree = drafter.propose(DraftContext(context, root, sampling, gen, room))
-        t1 = time.perf_counter()
-        # 3. One target forward over root + tree nodes, on top of the cached prefix.
-        if tree.size == 0:
-            out = target.forward(tree.tokens, cache)
-        else:
-            out = target.forward(tree.tokens, cache, position_ids=start + tree.depths,
-                                 tree_mask=tree.attention_mask)
-        # 4. Accept a path; the rest of the tree's cache rows are dropped.
-        verdict: Verdict = verify(tree, out.logits, sampling, gen)
-        path = verdict.path
-        if tree.size:
-            cache.commit(start, torch.tensor(path))
-        t2 = time.perf_counter()
-        new = tree.tokens[path[1:]].tolist() + [verdict.bonus]
+        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, room)
         if cfg.record_logit_gaps:
-            t1s, gs = _top2(out.logits[path])
-            res.top1 += t1s
-            res.gap += gs
-        # Trim at EOS, a stop string, or the token limit.
-        for i, t in enumerate(new):
-            if t in eos:
-                new = new[: i + 1]
-                res.stop_reason = "eos"
-                break
-        new = new[: cfg.max_new_tokens - len(res.output_ids)]
-        res.output_ids += new
-        if cfg.stop_strings:
-            cut = _stop_at(target, res.output_ids, len(new), cfg.stop_strings)
-            if cut is not None:
-                new = new[: len(new) - (len(res.output_ids) - cut)]
-                res.output_ids = res.output_ids[:cut]
-                res.stop_reason = "stop"
-        context += new
-        # 5. The drafter consumes the accepted tokens and their target features.
-        td2 = time.perf_counter()
-        if drafter is not None and res.stop_reason not in ("eos", "stop"):
-            drafter.observe(Acceptance(tree, path, tree.tokens[path], out.hidden[path], verdict.bonus,
-                                       out.logits[path]))
-        t3 = time.perf_counter()
-        root = verdict.bonus
-        res.tree_size.append(tree.size)
-        res.accepted.append(verdict.accepted)
-        res.tokens.append(len(new))
-        res.draft_ms.append(((t1 - td) + (t3 - td2)) * 1e3)
-        res.verify_ms.append((t2 - t1) * 1e3)
-        if res.stop_reason == "stop":
+            top1, gap = top1_and_gap(step.verified.logits[step.verdict.path])
+            res.top1 += top1
+            res.gap += gap
+        res.add_step(step)
+        root = step.verdict.bonus
+        if answer.stop_reason == "stop":
             break
+
+    res.output_ids, res.stop_reason = answer.ids, answer.stop_reason
     if cfg.record_logit_gaps:
         res.top1 = res.top1[: len(res.output_ids)]
         res.gap = res.gap[: len(res.output_ids)]
-    res.wall_s = time.perf_counter() - t0
+    res.wall_s = time.perf_counter() - started
     return res

@@ -35,6 +35,64 @@ class Question:
     turns: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class PromptFile:
+    """A user's prompt file run as a benchmark: a question.jsonl in the EAGLE / FastChat /
+    Spec-Bench format (`question_id`, `category`, `turns`; other fields ignored). Its SHA-256 goes
+    into the run config and every record's key, so a changed file never mixes with an old one."""
+
+    name: str
+    path: str     # as the user gave it: relative paths stay relative in meta.json
+    sha256: str
+
+    def as_config(self) -> dict[str, str]:
+        return {"path": self.path, "sha256": self.sha256}
+
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".jsonl") or "/" in spec or os.sep in spec or Path(spec).is_file()
+
+
+def parse_benchmarks(specs: list[str]) -> tuple[list[str], dict[str, PromptFile]]:
+    """Benchmark names (built-in, or a prompt file named by its parent folder or by `NAME=PATH`)
+    and the prompt files among them. Every file is read and checked here, before any model loads."""
+    names: list[str] = []
+    files: dict[str, PromptFile] = {}
+    for spec in specs:
+        if spec in BENCHMARKS:
+            name = spec
+        elif "=" in spec or _is_path(spec):
+            name, _, path = spec.partition("=") if "=" in spec else ("", "", spec)
+            name = name.strip() or Path(path).resolve().parent.name
+            prompt = _prompt_file(name, path.strip())
+            if name in files and files[name] != prompt:
+                raise SpecbenchError(f"two prompt files are named '{name}'; name them apart with NAME=PATH")
+            files[name] = prompt
+        else:
+            _check_benchmark(spec)  # unknown: one line with "did you mean"
+            name = spec
+        if name not in names:
+            names.append(name)
+    return names, files
+
+
+def _prompt_file(name: str, path: str) -> PromptFile:
+    if name in BENCHMARKS:
+        raise SpecbenchError(f"prompt file {path} would be named '{name}', a built-in benchmark; "
+                             f"name it with NAME={path}")
+    if not name or not set(name) <= NAME_CHARS:
+        raise SpecbenchError(f"benchmark name '{name}' for {path}: use letters, digits, '_', '-' or '.' (NAME=PATH)")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise SpecbenchError(f"prompt file '{path}' not found: pass a question.jsonl (EAGLE / Spec-Bench format)")
+    data = file.read_bytes()
+    _parse(name, file)  # malformed lines: one line naming file:line
+    return PromptFile(name, path, _sha256(data))
+
+
 def benchmark_names() -> list[str]:
     """Benchmark names in manifest order (mt_bench, humaneval, gsm8k, alpaca, cnn_dm, nq)."""
     return list(BENCHMARKS)
@@ -131,21 +189,30 @@ def load_questions(
     data_dir: str | Path | None = None,
     limit: int | None = None,
     ids: list[int] | None = None,
+    files: dict[str, PromptFile] | None = None,
 ) -> list[Question]:
-    """Load a benchmark's questions, in file order.
+    """Load a benchmark's questions, in file order: a built-in one from `data_dir`, or the prompt
+    file `files[benchmark]` (whose bytes must still have the recorded SHA-256).
 
     `ids` picks those question ids (all must exist). `limit=N` then takes N spread evenly over the
     categories (deterministic round-robin; see `_stratified`); N >= the count returns everything.
     """
-    _check_benchmark(benchmark)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SpecbenchError(f"--limit must be a positive number of questions, got {limit!r}; omit it to run all")
-    root = resolve_data_dir(data_dir)
-    path = _file_path(benchmark, root)
-    if not path.is_file():
-        raise SpecbenchError(
-            f"benchmark file '{path}' is missing; download it with `cli.py fetch-data {root}`"
-        )
+    if files and benchmark in files:
+        prompt = files[benchmark]
+        path = Path(prompt.path).expanduser()
+        if not path.is_file() or _sha256(path.read_bytes()) != prompt.sha256:
+            raise SpecbenchError(f"prompt file {prompt.path} changed or vanished since this run was configured "
+                                 f"(sha256 {prompt.sha256[:12]}...); use another --out for the new file")
+    else:
+        _check_benchmark(benchmark)
+        root = resolve_data_dir(data_dir)
+        path = _file_path(benchmark, root)
+        if not path.is_file():
+            raise SpecbenchError(
+                f"benchmark file '{path}' is missing; download it with `cli.py fetch-data {root}`"
+            )
     questions = _parse(benchmark, path)
     if ids is not None:
         by_id = {q.question_id for q in questions}

@@ -1,10 +1,10 @@
 """`cli.py compare` and `cli.py ablate`: `run` over a grid, on one loaded target, in one run folder.
 
 The grid is methods (or variants of one method) x benchmarks x prompts x temperatures. Each
-temperature is one `Runner` (AR inside its per-prompt rotation, one warm-up per method); all of
-them share the target, the run folder (records merge by key, so the grid resumes like `run`) and
-one progress view. Tables and plots are then written by `harness.report.render` from the records alone,
-exactly as `cli.py table DIR` / `cli.py plot DIR` rebuild them.
+temperature is one `Runner` (AR inside its per-prompt rotation); `harness.runs.runner.execute_grid`
+runs them all on one target with one set of drafters, in one run folder (records merge by key,
+so the grid resumes like `run`) under one progress view. Tables and plots are then rebuilt from
+the records alone, exactly as `cli.py table DIR` / `cli.py plot DIR` do.
 """
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from harness.core.errors import SpecbenchError
-from harness.runs.benchmarks import load_questions, resolve_data_dir, verify_data_dir
-from harness.runs.results import RunDir, default_run_dir, load_average_warning
-from harness.runs.runner import PROGRESS_COLUMNS, RunConfig, Runner, check_settings, method_overrides
+from harness.runs.benchmarks import load_questions, resolve_data_dir
+from harness.runs.results import default_run_dir
+from harness.runs.runner import RunConfig, Runner, check_settings, execute_grid, load_target, method_overrides
 
 DEFAULT_METHOD = "pld"
 # Papers' order (Medusa, Hydra, EAGLE, EAGLE-2, Gumiho); other methods follow by name.
@@ -46,6 +45,8 @@ class GridSpec:
     settings: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
     system_prompt: str | None = None
+    prompt_files: dict[str, dict[str, str]] = field(default_factory=dict)   # see RunConfig
+    typical: list[str] = field(default_factory=list)   # methods that also run Medusa's typical rule at T > 0
 
     def __post_init__(self) -> None:
         if not self.temperatures:
@@ -59,7 +60,17 @@ class GridSpec:
             methods=methods, benchmarks=self.benchmarks, target=self.target, dtype=self.dtype, device=self.device,
             limit=self.limit, ids=self.ids, max_new_tokens=self.max_new_tokens, temperature=temperature,
             top_p=self.top_p, acceptance=None if temperature == 0 else self.acceptance, seed=self.seed,
-            settings=self.settings, chat_template=self.chat_template, system_prompt=self.system_prompt)
+            settings=self.settings, chat_template=self.chat_template, system_prompt=self.system_prompt,
+            prompt_files=self.prompt_files)
+
+    def request(self) -> dict[str, Any]:
+        """The spec as meta.json stores it; the newer fields only when set, so older run folders
+        keep their config hash and resume."""
+        out = asdict(self)
+        for key in ("prompt_files", "typical"):
+            if not out[key]:
+                del out[key]
+        return out
 
 
 # ----------------------------------------------------------------------------- methods
@@ -206,33 +217,35 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
              console: Console | None = None, target=None, *, command: str = "compare",
              variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
              train_steps: int = 0) -> Path:
-    """Run the grid into one run folder and return its path (resumes finished cells).
+    """Run the grid into one run folder and return its path (resumes finished cells): one
+    `Runner` per temperature through `execute_grid`, the path `cli.py run` takes too.
 
     User errors (benchmarks, options, settings, unknown methods) are raised before the target loads.
     """
-    from harness.core.target import Target, check_target_spec
     from methods.registry import get_method
 
     console = console or Console(stderr=True)
-    data_dir = resolve_data_dir(data_dir)
-    request = {"command": command, **asdict(spec)}
+    data_dir = resolve_data_dir(data_dir) if any(b not in spec.prompt_files for b in spec.benchmarks) else None
+    request = {"command": command, **spec.request()}
     if ablation:
         request["ablation"] = {k: ablation[k] for k in ("method", "sweep", "fixed", "grid")}
     out = Path(out) if out else default_run_dir(request)
     probe_methods = spec.methods or [DEFAULT_METHOD]
     for t in spec.temperatures:
         spec.run_config(t, probe_methods)  # rule / temperature / limits: one line, before loading
+    files = spec.run_config(spec.temperatures[0], probe_methods).files()
     for b in spec.benchmarks:
-        load_questions(b, data_dir, spec.limit, spec.ids)
+        load_questions(b, data_dir, spec.limit, spec.ids, files)
     if spec.methods is not None:
         check_settings(spec.settings, {m: get_method(m) for m in spec.methods if m != "ar"})
+    if spec.typical:
+        if not any(t > 0 for t in spec.temperatures):
+            raise SpecbenchError("--typical runs Medusa's typical rule, which needs a --temperature > 0")
+        stray = [m for m in spec.typical if spec.methods is not None and m not in spec.methods]
+        if stray:
+            raise SpecbenchError(f"--typical {','.join(stray)}: not among --methods ({','.join(spec.methods or [])})")
     if target is None:
-        check_target_spec(spec.target)
-        warn = load_average_warning()
-        if warn:
-            console.print(f"[yellow]warning:[/] {warn}")
-        with console.status(f"loading target {spec.target}"):
-            target = Target.load(spec.target, spec.device, spec.dtype, spec.chat_template, spec.system_prompt)
+        target = load_target(spec.run_config(spec.temperatures[0], probe_methods), console)
     methods = spec.methods
     if methods is None:
         methods = discover_methods(target, spec.settings, console)
@@ -242,21 +255,17 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
 
     runners = [Runner(spec.run_config(t, methods), out, data_dir, console, target=target, variants=variants)
                for t in spec.temperatures]
-    resolved = [r.prepare() for r in runners][0]["methods_resolved"]
-    config = {**request, "methods": methods, "methods_resolved": resolved}
+    # --typical M: those methods again under Medusa's typical rule (lossy, labelled so) at each T > 0.
+    typical = [m for m in methods if m in spec.typical]
+    for t in (t for t in spec.temperatures if t > 0 and typical):
+        cfg = spec.run_config(t, typical)
+        cfg.acceptance = "typical"
+        cfg.sampling()
+        runners.append(Runner(cfg, out, data_dir, console, target=target, variants=variants))
+    config = {**request, "methods": methods}
     if ablation:
         config["ablation"] = ablation
-    run_dir = RunDir(out)
-    run_dir.open(config)
-    run_dir.write_extra({"data_dir": str(data_dir), "official_prompts": verify_data_dir(data_dir)})
-    with console.status("warming up"):
-        for r in runners:
-            r.warm_up()
-    with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
-        task = progress.add_task("answers", total=sum(r.total_answers() for r in runners))
-        for t, r in zip(spec.temperatures, runners):
-            r.run_cells(progress, task, prefix=f"T={t:g} " if len(runners) > 1 else "")
-    return out
+    return execute_grid(runners, config)
 
 
 def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out: Path | None = None,
@@ -278,10 +287,3 @@ def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out:
     spec.settings = {}
     return run_grid(spec, out, data_dir, console, target, command="ablate", variants=variants, ablation=ablation,
                     train_steps=train_steps)
-
-
-def write_outputs(run_dir: Path, ci: bool = False) -> list[Path]:
-    """Tables and plots of a finished grid: the same files `cli.py table/plot DIR` rebuild."""
-    from harness.report.render import write_plots, write_tables
-
-    return write_tables(run_dir, ci) + write_plots(run_dir)

@@ -8,14 +8,20 @@ DESIGN.md "Records") and nothing else, so tables can be rebuilt from a run direc
 - speedup = (Σ new_tokens / Σ wall_s of the method) / (Σ new_tokens / Σ wall_s of AR) over the
   same prompts (benchmark, question_id, turn, temperature, top_p, seed) of the same records,
   paired regardless of acceptance: a ratio of throughputs, not a mean of per-question ratios.
+
+Both are computed in one place, `AnswerSums`: summary.csv (`summarize`) here, and the tables,
+plots and bootstrap intervals of harness/runs/statistics.py, take their numbers from it.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 AR_METHOD = "ar"
@@ -40,7 +46,7 @@ def _steps(rec: dict) -> dict:
     return rec.get("steps") or {}
 
 
-def _tokens_and_steps(rec: dict) -> tuple[int, int]:
+def tokens_and_steps(rec: dict) -> tuple[int, int]:
     """(Σ tokens over verify steps, number of verify steps) of one answer.
 
     An AR record that logs no steps counts one step per token not produced by the prefill, which
@@ -55,7 +61,7 @@ def _tokens_and_steps(rec: dict) -> tuple[int, int]:
     return 0, 0
 
 
-def _prompt_key(rec: dict) -> tuple:
+def prompt_key(rec: dict) -> tuple:
     """Identity of the prompt an answer is for; numbers normalised so 0 and 0.0 pair."""
     return (
         rec["benchmark"], int(rec["question_id"]), int(rec["turn"]), float(rec["temperature"]),
@@ -67,22 +73,95 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
 
 
+def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, NaN where den is 0 (a resample may draw no verify step)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
+
+
 def _throughput(records: Iterable[dict]) -> float:
     """Σ new_tokens / Σ wall_s: long answers weigh more, as they do in the user's wait."""
     records = list(records)
     return _ratio(sum(r["new_tokens"] for r in records), sum(r["wall_s"] for r in records))
 
 
-# ----------------------------------------------------------------------------- metrics
+def dedupe(records: Iterable[dict]) -> list[dict]:
+    """One record per key, the last one winning: records merged from resumed or parallel runs
+    may repeat an answer, and counting it twice would skew every sum."""
+    from harness.runs.results import record_key  # local: keeps metrics importable on its own
 
-def tau(records: Iterable[dict]) -> float:
-    """Mean accepted length: Σ steps.tokens / Σ verify steps over the answers; NaN with no steps."""
-    tokens = steps = 0
+    by_key: dict[str, dict] = {}
     for rec in records:
-        t, s = _tokens_and_steps(rec)
-        tokens += t
-        steps += s
-    return _ratio(tokens, steps)
+        key = rec.get("key") or record_key(rec)
+        by_key[key] = rec  # keeps the first occurrence's place, so row order is unchanged
+    return list(by_key.values())
+
+
+def ar_by_prompt(records: Iterable[dict]) -> dict[tuple, list[dict]]:
+    """AR's answers by `prompt_key`: what a method's answer is paired with for its speedup."""
+    out: dict[tuple, list[dict]] = {}
+    for rec in records:
+        if rec["method"] == AR_METHOD:
+            out.setdefault(prompt_key(rec), []).append(rec)
+    return out
+
+
+# ----------------------------------------------------------------------------- τ and speedup
+
+@dataclass(frozen=True)
+class AnswerSums:
+    """The per-answer numbers that τ and speedup are ratios of sums of: the one computation behind
+    summary.csv, the tables, the plots and the regression baselines.
+
+    `counts` is [answers, 2]: tokens and verify steps (`tokens_and_steps`). `pairs` is [answers that
+    have an AR answer to the same prompt, 4]: tokens, wall_s, AR tokens, AR wall_s. An AR answer
+    shared by k answers of the set (variants of one method pooled in one summary.csv row) is
+    split k ways, so it counts once, as AR answered it once.
+
+    `weights` ([resamples, rows]: how often each row is drawn, a bootstrap) gives one estimate per
+    resample; without it, the estimate over the answers as they are.
+    """
+
+    counts: np.ndarray
+    pairs: np.ndarray
+
+    @classmethod
+    def of(cls, records: Sequence[dict], ar: dict[tuple, list[dict]] | None = None) -> AnswerSums:
+        ar = ar or {}
+        counts = np.array([tokens_and_steps(r) for r in records], dtype=float).reshape(-1, 2)
+        keys = [prompt_key(r) for r in records]
+        shared = Counter(k for k in keys if ar.get(k))
+        pairs = [(r["new_tokens"], r["wall_s"], sum(a["new_tokens"] for a in ar[k]) / shared[k],
+                  sum(a["wall_s"] for a in ar[k]) / shared[k]) for r, k in zip(records, keys) if ar.get(k)]
+        return cls(counts, np.array(pairs, dtype=float).reshape(-1, 4))
+
+    @staticmethod
+    def _sums(rows: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+        # Column by column (numpy's pairwise sum): the order the committed tables were summed in, so
+        # a rebuild matches them to the last digit; a bootstrap sums each resample by matmul.
+        if weights is None:
+            return np.array([rows[:, j].sum() for j in range(rows.shape[1])])
+        return weights @ rows
+
+    def tau(self, weights: np.ndarray | None = None) -> np.ndarray:
+        """Σ tokens / Σ verify steps (a 0-d array without weights); NaN with no steps."""
+        s = self._sums(self.counts, weights)
+        return _ratios(s[..., 0], s[..., 1])
+
+    def speedup(self, weights: np.ndarray | None = None) -> np.ndarray:
+        """(Σ tokens / Σ s) / (Σ AR tokens / Σ AR s) over the paired answers; NaN with no pair."""
+        s = self._sums(self.pairs, weights)
+        return _ratios(s[..., 0] * s[..., 3], s[..., 1] * s[..., 2])
+
+    def throughputs(self) -> tuple[float, float]:
+        """(tokens/s of the paired answers, AR's tokens/s on their prompts); their ratio is `speedup`."""
+        s = self._sums(self.pairs, None)
+        return float(_ratios(s[0], s[1])), float(_ratios(s[2], s[3]))
+
+
+def tau(records: Sequence[dict]) -> float:
+    """Mean accepted length: Σ steps.tokens / Σ verify steps over the answers; NaN with no steps."""
+    return float(AnswerSums.of(records).tau())
 
 
 def per_depth_acceptance(records: Iterable[dict]) -> list[float]:
@@ -103,37 +182,23 @@ def _ms_per_step(records: list[dict], column: str) -> float:
     return _ratio(total, steps)
 
 
-def _dedupe(records: Iterable[dict]) -> list[dict]:
-    """One record per key, the last one winning: records merged from resumed or parallel runs
-    may repeat an answer, and counting it twice would skew every sum."""
-    from harness.runs.results import record_key  # local: keeps metrics importable on its own
-
-    by_key: dict[str, dict] = {}
-    for rec in records:
-        key = rec.get("key") or record_key(rec)
-        by_key[key] = rec  # keeps the first occurrence's place, so row order is unchanged
-    return list(by_key.values())
-
+# ----------------------------------------------------------------------------- summary.csv
 
 def summarize(records: list[dict]) -> pd.DataFrame:
     """One row per (method, benchmark, temperature, acceptance) with SUMMARY_COLUMNS.
 
     AR rows are included (tau 1, speedup 1). tokens_per_s, ar_tokens_per_s and speedup are taken
-    over the answers that have an AR answer for the same prompt, so that speedup always equals
-    tokens_per_s / ar_tokens_per_s; a row with no AR pair has speedup and ar_tokens_per_s NaN and
-    tokens_per_s over all its answers. Rows: ar first, then methods in order of first appearance;
-    within a method, benchmarks in order of first appearance, then temperature ascending, then
-    acceptance in order of first appearance.
+    over the answers that have an AR answer for the same prompt (`AnswerSums`, as in the tables),
+    so speedup is tokens_per_s / ar_tokens_per_s; a row with no AR pair has speedup and
+    ar_tokens_per_s NaN and tokens_per_s over all its answers. Rows: ar first, then methods in
+    order of first appearance; within a method, benchmarks in order of first appearance, then
+    temperature ascending, then acceptance in order of first appearance.
     """
-    records = _dedupe(records)
+    records = dedupe(records)
     if not records:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
 
-    ar_by_prompt: dict[tuple, list[dict]] = {}
-    for rec in records:
-        if rec["method"] == AR_METHOD:
-            ar_by_prompt.setdefault(_prompt_key(rec), []).append(rec)
-
+    ar = ar_by_prompt(records)
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         group = (rec["method"], rec["benchmark"], float(rec["temperature"]), rec["acceptance"])
@@ -141,16 +206,13 @@ def summarize(records: list[dict]) -> pd.DataFrame:
 
     rows: list[dict[str, Any]] = []
     for (method, benchmark, temperature, acceptance), recs in groups.items():
-        prompts = {_prompt_key(r) for r in recs}
-        paired = [r for r in recs if _prompt_key(r) in ar_by_prompt]
-        # Each AR answer counted once, however many method answers share its prompt.
-        ar_paired = [a for p in prompts if p in ar_by_prompt for a in ar_by_prompt[p]]
+        sums = AnswerSums.of(recs, ar)
         if method == AR_METHOD:
             tps = _throughput(recs)
             ar_tps, speedup = tps, 1.0
-        elif paired:
-            tps, ar_tps = _throughput(paired), _throughput(ar_paired)
-            speedup = _ratio(tps, ar_tps)
+        elif len(sums.pairs):
+            tps, ar_tps = sums.throughputs()
+            speedup = float(sums.speedup())
         else:
             tps, ar_tps, speedup = _throughput(recs), math.nan, math.nan
         diverged = own_divergences(recs)
@@ -161,7 +223,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             "acceptance": acceptance,
             "answers": len(recs),
             "new_tokens": int(sum(r["new_tokens"] for r in recs)),
-            "tau": tau(recs),
+            "tau": float(sums.tau()),
             "speedup": speedup,
             "tokens_per_s": tps,
             "ar_tokens_per_s": ar_tps,
@@ -271,7 +333,7 @@ def attach_divergences(records: list[dict]) -> list[dict]:
     after the method, and records are appended as soon as each answer is done. A later turn whose
     earlier turn already differed from AR's is marked `inherited` (its prompt differs from AR's).
     """
-    ar = {_prompt_key(r): r for r in records if r["method"] == AR_METHOD}
+    ar = {prompt_key(r): r for r in records if r["method"] == AR_METHOD}
 
     def turn_key(r: dict, turn: int) -> tuple:
         # Seeds differ per turn, so earlier turns are found by question and settings, not seed.
@@ -282,7 +344,7 @@ def attach_divergences(records: list[dict]) -> list[dict]:
     for rec in records:
         if rec["method"] == AR_METHOD or float(rec["temperature"]) != 0.0:
             continue
-        ref = ar.get(_prompt_key(rec))
+        ref = ar.get(prompt_key(rec))
         if ref is None:
             continue
         inherited = False

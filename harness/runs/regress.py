@@ -11,7 +11,9 @@ are not (they go into the history file for the record, never into a pass/fail).
   differences, e.g. AMX in float32, are warnings); otherwise compares cell by cell: a τ more than
   `tolerance` (relative) below the baseline, or a baseline cell missing from the run, fails.
 - `record_history(run_dir, file)`: appends one line per cell (commit, date, config hash, τ,
-  speedup) to `results/history.jsonl`; `history_frame` / `plot_history` read it back.
+  speedup) to `results/history.jsonl`; `history_frame` reads it back (harness/report/plots.py
+  draws it).
+τ and speedup are those of the tables (harness/runs/statistics.py), without their bootstrap.
 """
 from __future__ import annotations
 
@@ -28,10 +30,10 @@ import pandas as pd
 
 from harness.core.errors import SpecbenchError
 from harness.core.hardware import BF16_KERNEL_FLAGS, cpu_kind
-from harness.core.paths import REPO_ROOT
-from harness.report.render import RunData, fmt_temperature, load_run, main_cells, method_color
+from harness.core.paths import REPO_ROOT, repo_relative
 from harness.runs.metrics import per_depth_acceptance
-from harness.runs.results import refuse_dirty, repo_relative
+from harness.runs.results import refuse_dirty
+from harness.runs.statistics import RunData, fmt_temperature, is_lossy, load_run, main_cells
 
 FORMAT = "specbench-baseline/1"
 DEFAULT_TOLERANCE = 0.02
@@ -44,7 +46,7 @@ EPS = 1e-9
 def run_cells(run: RunData) -> list[dict[str, Any]]:
     """Per (method, benchmark, temperature, acceptance) of a run: τ, speedup, answers, per-depth
     acceptance, config and checkpoint hash. AR is left out (its τ is 1 by construction)."""
-    cells = main_cells(run)
+    cells = main_cells(run, resamples=0)
     out = []
     for row in run.rows:
         for b in run.benchmarks:
@@ -54,9 +56,9 @@ def run_cells(run: RunData) -> list[dict[str, Any]]:
             c = cells[row][b]
             out.append({
                 "method": row.name, "benchmark": b, "temperature": row.temperature, "acceptance": row.acceptance,
-                "tau": c.tau, "speedup": None if math.isnan(c.speedup) else c.speedup, "answers": c.answers,
-                "per_depth": [round(x, 6) for x in per_depth_acceptance(recs)], "config_hash": row.config_hash,
-                "checkpoint_hash": recs[0].get("checkpoint_hash"),
+                "lossy": row.lossy, "tau": c.tau, "speedup": None if math.isnan(c.speedup) else c.speedup,
+                "answers": c.answers, "per_depth": [round(x, 6) for x in per_depth_acceptance(recs)],
+                "config_hash": row.config_hash, "checkpoint_hash": recs[0].get("checkpoint_hash"),
             })
     return out
 
@@ -278,7 +280,7 @@ def record_history(run_dir: Path, file: Path = HISTORY_FILE, allow_dirty: bool =
             "recorded": now, "run_config_hash": meta.get("config_hash"), "config_hash": c["config_hash"],
             "target": prov["target"], "dtype": prov["dtype"], "device": prov["device"],
             "max_new_tokens": prov["max_new_tokens"], "method": c["method"], "benchmark": c["benchmark"],
-            "temperature": c["temperature"], "acceptance": c["acceptance"], "answers": c["answers"],
+            "temperature": c["temperature"], "acceptance": c["acceptance"], "lossy": c["lossy"], "answers": c["answers"],
             "tau": round(c["tau"], 6), "speedup": None if c["speedup"] is None else round(c["speedup"], 6),
         })
     file = Path(file)
@@ -292,8 +294,8 @@ def record_history(run_dir: Path, file: Path = HISTORY_FILE, allow_dirty: bool =
 def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: str | None = None,
                   temperature: float = 0.0, benchmark: str | None = None) -> pd.DataFrame:
     """τ per (commit, method, acceptance): the mean over benchmarks (or `benchmark`'s) of the
-    latest line per cell and commit; commits in order of their first date. `target` and `dtype`
-    default to the latest line's."""
+    latest line per cell and commit, and whether the rule is lossy; commits in order of their
+    first date. `target` and `dtype` default to the latest line's."""
     file = Path(file)
     if not file.exists():
         raise SpecbenchError(f"no history at {file}: `cli.py compare --record` appends to it")
@@ -307,7 +309,7 @@ def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: s
             raise SpecbenchError(f"{file}:{i}: malformed line ({e})") from None
     if not rows:
         raise SpecbenchError(f"{file} is empty")
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows).assign(lossy=[is_lossy(r) for r in rows])
     target = target or df["target"].iloc[-1]
     dtype = dtype or df["dtype"].iloc[-1]
     df = df[(df["target"] == target) & (df["dtype"] == dtype) & (df["temperature"].astype(float) == temperature)]
@@ -320,35 +322,8 @@ def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: s
     order = df.groupby("commit")["date"].min().sort_values()
     latest = df.drop_duplicates(["commit", "method", "acceptance", "benchmark"], keep="last")
     out = latest.groupby(["commit", "method", "acceptance"], sort=False).agg(
-        tau=("tau", "mean"), benchmarks=("benchmark", "nunique"), dirty=("dirty", "max")).reset_index()
+        tau=("tau", "mean"), benchmarks=("benchmark", "nunique"), dirty=("dirty", "max"),
+        lossy=("lossy", "max")).reset_index()
     out["order"] = out["commit"].map({c: i for i, c in enumerate(order.index)})
     return out.sort_values(["order", "method", "acceptance"]).reset_index(drop=True)
 
-
-def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, name: str = "history") -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import numpy as np
-    from matplotlib import rc_context
-
-    from harness.report.render import _figure, _legend_above, _save, _style
-
-    commits = frame.drop_duplicates("commit").sort_values("order")
-    labels = [str(c)[:7] + ("*" if d else "") for c, d in zip(commits["commit"], commits["dirty"])]
-    with rc_context(_style()):
-        fig = _figure(2.3)
-        ax = fig.subplots()
-        handles, names = [], []
-        for (method, acceptance), g in frame.groupby(["method", "acceptance"], sort=False):
-            (h,) = ax.plot(g["order"], g["tau"], marker="o", color=method_color(method),
-                           linestyle="--" if acceptance == "typical" else "-")
-            handles.append(h)
-            names.append(method + (f" ({acceptance}, lossy)" if acceptance == "typical" else ""))
-        ax.set_xticks(np.arange(len(labels)), labels, rotation=45 if len(labels) > 4 else 0,
-                      ha="right" if len(labels) > 4 else "center", rotation_mode="anchor")
-        ax.set_xlabel("Commit (* = uncommitted changes)")
-        ax.set_ylabel(f"τ ({benchmark})" if benchmark else "τ (mean over benchmarks)")
-        ax.grid(axis="x", visible=False)
-        _legend_above(fig, handles, names)
-        return _save(fig, Path(out), name)

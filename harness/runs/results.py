@@ -24,12 +24,7 @@ from typing import Any
 from harness.core.errors import SpecbenchError
 from harness.core.hardware import cpu_flags, cpu_kind, cpu_model
 from harness.core.hashing import canonical_json, config_hash
-from harness.core.paths import REPO_ROOT
 
-# Fields joined (in this order) into a record's key; see `record_key`.
-KEY_FIELDS = (
-    "method", "config_hash", "benchmark", "question_id", "turn", "temperature", "acceptance", "seed",
-)
 # Packages whose versions change numbers (kernels, cache internals, quantisation readers).
 META_PACKAGES = ("torch", "transformers", "accelerate", "gguf", "pandas", "numpy", "specbench")
 # Load left over for other processes before they compete with a run; see load_average_warning.
@@ -43,27 +38,20 @@ def record_key(rec: dict) -> str:
     temperature, acceptance, seed.
 
     Numbers are normalised (temperature as a float repr, ids as ints) so that 0 and 0.0 give one
-    key. A record without `config_hash` takes the hash of its `method_config`.
+    key. A record without `config_hash` takes the hash of its `method_config`. A record of a
+    user's prompt file keys its benchmark as `name@<first 12 hex of the file's SHA-256>`, so
+    answers to an edited file never pass for answers to the old one.
     """
     chash = rec.get("config_hash") or config_hash(rec.get("method_config", {}))
+    bench = rec["benchmark"] + (f"@{rec['prompt_sha256'][:12]}" if rec.get("prompt_sha256") else "")
     parts = (
-        rec["method"], chash, rec["benchmark"], int(rec["question_id"]), int(rec["turn"]),
+        rec["method"], chash, bench, int(rec["question_id"]), int(rec["turn"]),
         repr(float(rec["temperature"])), rec["acceptance"], int(rec["seed"]),
     )
     return "|".join(str(p) for p in parts)
 
 
 # ----------------------------------------------------------------------------- machine metadata
-
-def repo_relative(path: Path | str) -> str:
-    """`path` relative to the checkout when inside it, else its last two parts: committed
-    provenance must not carry the layout of the machine that wrote it."""
-    p = Path(path).resolve()
-    try:
-        return p.relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return "<outside the repository>/" + "/".join(p.parts[-2:])
-
 
 def refuse_dirty(meta: dict, what: str, allow_dirty: bool) -> None:
     """Refuse to make reference results (`what`) from a run whose tree had uncommitted changes."""

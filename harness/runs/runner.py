@@ -3,6 +3,10 @@
 The unit of work is one keyed cell (method config hash, benchmark, question, turn, temperature,
 acceptance, seed): finished cells are skipped on a rerun, so a killed run resumes where it
 stopped and a later distributed backend can hand cells out without changing the loop.
+
+Every run is a grid of temperatures: `cli.py run` is a grid of one, `compare` and `ablate`
+(harness.runs.compare) grids of several. `execute_grid` is the one path they all take (target,
+drafters, run folder, warm-up, progress); a `Runner` holds the cells of one temperature.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (
@@ -27,10 +31,13 @@ from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
 from harness.core.target import Target, check_target_spec
-from harness.core.verify import Sampling, default_rule
-from harness.runs.benchmarks import Question, load_questions, resolve_data_dir, verify_data_dir
+from harness.core.verify import LOSSY_RULES, Sampling, default_rule
+from harness.runs.benchmarks import PromptFile, Question, load_questions, resolve_data_dir, verify_data_dir
 from harness.runs.metrics import AR_METHOD, attach_divergences, write_summary
 from harness.runs.results import RunDir, default_run_dir, load_average_warning, record_key
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 WARMUP_TOKENS = 16
 
@@ -55,6 +62,8 @@ class RunConfig:
     settings: dict[str, Any] = field(default_factory=dict)   # --set: {key: v} or {"method.key": v}
     chat_template: str | None = None
     system_prompt: str | None = None
+    # A user's prompt files among `benchmarks`: {name: {"path", "sha256"}} (harness.runs.benchmarks).
+    prompt_files: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
@@ -69,7 +78,15 @@ class RunConfig:
         return Sampling(self.temperature, self.top_p, self.acceptance)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as meta.json stores it; `prompt_files` only when there are some, so run
+        folders made before prompt files existed keep their config hash and resume."""
+        out = asdict(self)
+        if not out["prompt_files"]:
+            del out["prompt_files"]
+        return out
+
+    def files(self) -> dict[str, PromptFile]:
+        return {name: PromptFile(name, f["path"], f["sha256"]) for name, f in self.prompt_files.items()}
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:
@@ -133,11 +150,93 @@ PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCom
                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
 
 
+# ----------------------------------------------------------------------------- the grid's shared parts
+
+def load_target(cfg: RunConfig, console: Console) -> Target:
+    """The one place a run loads its target. The load-average warning comes first: the 1-minute
+    mean also counts this process's own work once the model is loading."""
+    check_target_spec(cfg.target)
+    warn = load_average_warning()
+    if warn:
+        console.print(f"[yellow]warning:[/] {warn}")
+    with console.status(f"loading target {cfg.target}"):
+        return Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
+
+
+def build_slots(target: Target, classes: dict[str, type], cfg: RunConfig,
+                variants: dict[str, dict[str, Any]] | None = None) -> list[MethodSlot]:
+    """AR plus one drafter per method (or per variant of it), built once per grid: a drafter's
+    state is per sequence (`begin` resets it) and nothing in it depends on the temperature, so
+    every temperature of the grid reuses the same drafters."""
+    slots = [MethodSlot(AR_METHOD, None, {}, config_hash({"method": AR_METHOD}), None)]
+    for name, cls in classes.items():
+        overrides = method_overrides(cls, cfg.settings, list(classes))
+        for label, extra in (variants or {name: {}}).items():
+            drafter = cls.create(target, {**overrides, **extra}, checkpoint=cfg.checkpoint if cls.trainable else None)
+            ck = drafter.checkpoint_hash()
+            h = config_hash({"method": name, "config": drafter.config, "checkpoint": ck})
+            twin = next((s.label for s in slots if s.config_hash == h), None)
+            if twin is not None:
+                raise SpecbenchError(f"variants '{twin}' and '{label}' of {name} are the same config")
+            slots.append(MethodSlot(name, drafter, drafter.config, h, ck, label))
+    return slots
+
+
+def resolved_methods(slots: list[MethodSlot]) -> dict[str, Any]:
+    """meta.json's `methods_resolved`: each slot's full config, hashes and parameter count."""
+    return {(s.label or s.name): {"config": s.config, "config_hash": s.config_hash, "checkpoint_hash": s.checkpoint_hash,
+                                  "parameters": s.drafter.num_parameters() if s.drafter is not None else 0}
+            for s in slots}
+
+
+def _shared_part(cfg: RunConfig) -> dict[str, Any]:
+    return {k: v for k, v in cfg.to_dict().items() if k not in ("temperature", "acceptance", "methods")}
+
+
+def execute_grid(runners: list[Runner], config: dict[str, Any]) -> Path:
+    """The one path of `run`, `compare` and `ablate`: the cells of every runner (one per
+    temperature, otherwise the same RunConfig, data and run folder) on one target with one set
+    of drafters. Loads the target unless the runners hold one, builds the drafters, opens the
+    run folder for `config` (+ `methods_resolved`; another config there is refused), warms every
+    method up at every temperature, then answers the cells not recorded yet under one progress
+    view. Returns the run folder."""
+    first = runners[0]
+    for r in runners[1:]:
+        if _shared_part(r.cfg) != _shared_part(first.cfg) or r.run_dir.path != first.run_dir.path \
+                or r.variants != first.variants or r.data_dir != first.data_dir \
+                or not set(r.cfg.methods) <= set(first.cfg.methods):
+            raise ValueError("execute_grid: the runners of one grid differ in more than the temperature, "
+                             "the rule and a subset of the methods")
+    target = first.target if first.target is not None else load_target(first.cfg, first.console)
+    slots = build_slots(target, first.classes, first.cfg, first.variants)
+    for r in runners:
+        # AR runs in every runner; its answers are keyed without the rule, so a second rule at
+        # one temperature (Medusa's typical beside lossless) reuses them instead of rerunning AR.
+        r.target, r.run_dir = target, first.run_dir
+        r.slots = [s for s in slots if s.drafter is None or s.name in r.cfg.methods]
+    run_dir = first.run_dir
+    run_dir.open({**config, "methods_resolved": resolved_methods(slots)})
+    if first.data_dir is not None:
+        run_dir.write_extra({"data_dir": str(first.data_dir), "official_prompts": verify_data_dir(first.data_dir)})
+    with first.console.status("warming up"):
+        for r in runners:
+            r.warm_up()
+    with Progress(*PROGRESS_COLUMNS, console=first.console, transient=False) as progress:
+        task = progress.add_task("answers", total=sum(r.total_answers() for r in runners))
+        for r in runners:
+            r.run_cells(progress, task, prefix=f"T={r.cfg.temperature:g} " if len(runners) > 1 else "")
+    return run_dir.path
+
+
+# ----------------------------------------------------------------------------- one temperature's cells
+
 class Runner:
-    """Runs `cfg` on one target. `variants` (used by `cli.py ablate`): several override sets of
-    the run's method(s), each its own slot beside AR in the per-prompt rotation (labels are the
-    dict keys). A caller running several Runners on one loaded target and one progress view
-    (harness.runs.compare) passes `target`, calls `prepare()` for each, then `run_cells(...)`."""
+    """The cells of one RunConfig (one temperature): its questions x AR and its methods, in a
+    per-prompt rotation. `run()` runs it alone, as a one-temperature grid (`execute_grid`);
+    `harness.runs.compare` puts one Runner per temperature into one grid. User errors (methods,
+    settings, benchmarks, limits) are raised here, before any model loads. `variants` (used by
+    `cli.py ablate`): several override sets of the run's method, each its own slot beside AR
+    (labels are the dict keys)."""
 
     def __init__(self, cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
                  console: Console | None = None, target: Target | None = None,
@@ -147,7 +246,9 @@ class Runner:
         self.variants = variants
         self.cfg = cfg
         self.console = console or Console(stderr=True)
-        self.data_dir = resolve_data_dir(data_dir)
+        # Built-in benchmarks are read from the data folder; a run of prompt files alone needs none.
+        builtin = [b for b in cfg.benchmarks if b not in cfg.prompt_files]
+        self.data_dir = resolve_data_dir(data_dir) if builtin else None
         names = [m for m in cfg.methods if m != AR_METHOD]
         if len(set(names)) != len(names):
             raise SpecbenchError(f"--method lists a method twice: {','.join(cfg.methods)}")
@@ -157,45 +258,19 @@ class Runner:
         check_settings(cfg.settings, self.classes)
         if cfg.checkpoint and not any(c.trainable for c in self.classes.values()):
             raise SpecbenchError("--checkpoint given, but no method of this run loads weights")
-        self.questions = {b: load_questions(b, self.data_dir, cfg.limit, cfg.ids) for b in cfg.benchmarks}
+        self.questions = {b: load_questions(b, self.data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
         self.run_dir = RunDir(out or default_run_dir(cfg.to_dict()))
         self.target = target
-        self.slots: list[MethodSlot] = []
+        self.slots: list[MethodSlot] = []   # filled by execute_grid
 
-    # ------------------------------------------------------------------ setup
-    def _load(self) -> None:
-        if self.target is None:
-            warn = load_average_warning()
-            if warn:
-                self.console.print(f"[yellow]warning:[/] {warn}")
-            with self.console.status(f"loading target {self.cfg.target}"):
-                self.target = Target.load(self.cfg.target, self.cfg.device, self.cfg.dtype,
-                                          self.cfg.chat_template, self.cfg.system_prompt)
-        ar_conf: dict[str, Any] = {}
-        self.slots = [MethodSlot(AR_METHOD, None, ar_conf, config_hash({"method": AR_METHOD}), None)]
-        for name, cls in self.classes.items():
-            overrides = method_overrides(cls, self.cfg.settings, list(self.classes))
-            for label, extra in (self.variants or {name: {}}).items():
-                drafter = cls.create(self.target, {**overrides, **extra},
-                                     checkpoint=self.cfg.checkpoint if cls.trainable else None)
-                ck = drafter.checkpoint_hash()
-                h = config_hash({"method": name, "config": drafter.config, "checkpoint": ck})
-                twin = next((s.label for s in self.slots if s.config_hash == h), None)
-                if twin is not None:
-                    raise SpecbenchError(f"variants '{twin}' and '{label}' of {name} are the same config")
-                self.slots.append(MethodSlot(name, drafter, drafter.config, h, ck, label))
+    def run(self) -> Path:
+        """Run this config alone into its run folder (meta.json stores the RunConfig); resumes."""
+        return execute_grid([self], self.cfg.to_dict())
 
-    def _meta_config(self) -> dict[str, Any]:
-        return {**self.cfg.to_dict(), "methods_resolved": {
-            (s.label or s.name): {"config": s.config, "config_hash": s.config_hash,
-                                  "checkpoint_hash": s.checkpoint_hash,
-                                  "parameters": s.drafter.num_parameters() if s.drafter is not None else 0}
-            for s in self.slots}}
+    def total_answers(self) -> int:
+        return sum(len(q.turns) for qs in self.questions.values() for q in qs) * len(self.slots)
 
     # ------------------------------------------------------------------ one answer
-    def _messages(self, history: list[dict], q: Question, turn: int) -> list[dict]:
-        return history + [{"role": "user", "content": q.turns[turn]}]
-
     def _answer(self, slot: MethodSlot, prompt_ids: list[int], seed: int) -> Generation:
         cfg = GenerationConfig(self.cfg.max_new_tokens, self.cfg.sampling(), seed=seed,
                                record_logit_gaps=(slot.drafter is None and self.cfg.temperature == 0))
@@ -210,6 +285,8 @@ class Runner:
             "benchmark": q.benchmark, "question_id": q.question_id, "category": q.category, "turn": turn,
             "temperature": float(self.cfg.temperature), "top_p": float(self.cfg.top_p),
             "acceptance": "none" if slot.drafter is None else self.cfg.acceptance, "seed": seed,
+            "lossy": slot.drafter is not None and self.cfg.acceptance in LOSSY_RULES,
+            **self._prompt_file_fields(q.benchmark),
             "prompt_tokens": len(prompt_ids), "new_tokens": len(g.output_ids), "output_ids": g.output_ids,
             "stop_reason": g.stop_reason, "wall_s": round(g.wall_s, 6), "prefill_s": round(g.prefill_s, 6),
             "first_token_from_prefill": True, "steps": g.steps,
@@ -220,33 +297,15 @@ class Runner:
         rec["key"] = record_key(rec)
         return rec
 
-    # ------------------------------------------------------------------ the grid
-    def run(self) -> Path:
-        self._load()
-        self.run_dir.open(self._meta_config())
-        meta_extra = {"data_dir": str(self.data_dir), "official_prompts": verify_data_dir(self.data_dir)}
-        self.run_dir.write_extra(meta_extra)
-        self._warm_up()
-        with Progress(*PROGRESS_COLUMNS, console=self.console, transient=False) as progress:
-            task = progress.add_task("answers", total=self.total_answers())
-            self.run_cells(progress, task)
-        return self.run_dir.path
+    def _prompt_file_fields(self, benchmark: str) -> dict[str, str]:
+        """A prompt file's SHA-256, which its records carry and their keys include."""
+        f = self.cfg.prompt_files.get(benchmark)
+        return {"prompt_sha256": f["sha256"]} if f else {}
 
-    def prepare(self) -> dict[str, Any]:
-        """Load the target (unless given) and the drafters; return the config `run` stores in
-        meta.json. With `warm_up` and `run_cells`, what `run` does, for callers that share one
-        target and one progress view over several Runners."""
-        self._load()
-        return self._meta_config()
-
-    def warm_up(self) -> None:
-        self._warm_up()
-
-    def total_answers(self) -> int:
-        return sum(len(q.turns) for qs in self.questions.values() for q in qs) * len(self.slots)
-
+    # ------------------------------------------------------------------ the cells
     def run_cells(self, progress: Progress, task: TaskID, prefix: str = "") -> None:
-        """Answer every cell not recorded yet, advancing `task` of `progress` once per answer."""
+        """Answer every cell not recorded yet, advancing `task` of `progress` once per answer;
+        summary.csv is rewritten after each benchmark."""
         done = self.run_dir.done_keys()
         existing = {r["key"]: r for r in self.run_dir.records()}
         rotation = 0
@@ -260,12 +319,12 @@ class Runner:
                     order = self.slots[rotation % len(self.slots):] + self.slots[:rotation % len(self.slots)]
                     rotation += 1
                     for slot in order:
-                        messages = self._messages(histories[slot.config_hash], q, turn)
+                        messages = histories[slot.config_hash] + [{"role": "user", "content": q.turns[turn]}]
                         probe = {"method": slot.name, "config_hash": slot.config_hash, "benchmark": bench,
                                  "question_id": q.question_id, "turn": turn,
                                  "temperature": float(self.cfg.temperature),
                                  "acceptance": "none" if slot.drafter is None else self.cfg.acceptance,
-                                 "seed": seed}
+                                 "seed": seed, **self._prompt_file_fields(bench)}
                         key = record_key(probe)
                         progress.update(task, description=f"{prefix}{bench} q{q.question_id} t{turn} "
                                                           f"{slot.label or slot.name}")
@@ -283,23 +342,24 @@ class Runner:
                         progress.advance(task)
             self.write_summary()
 
-    def _warm_up(self) -> None:
-        """One untimed short generation per method, so no method pays for first-call costs."""
+    def warm_up(self) -> None:
+        """One untimed short generation per method at this temperature, so no method pays for
+        first-call costs."""
         first = next((qs[0] for qs in self.questions.values() if qs), None)
         if first is None:
             return
         ids = self.target.encode_chat([{"role": "user", "content": first.turns[0]}])
-        with self.console.status("warming up"):
-            for slot in self.slots:
-                cfg = GenerationConfig(min(WARMUP_TOKENS, self.cfg.max_new_tokens), self.cfg.sampling(), seed=0)
-                generate(self.target, ids, cfg, slot.drafter)
+        for slot in self.slots:
+            cfg = GenerationConfig(min(WARMUP_TOKENS, self.cfg.max_new_tokens), self.cfg.sampling(), seed=0)
+            generate(self.target, ids, cfg, slot.drafter)
 
-    def write_summary(self):
+    def write_summary(self) -> pd.DataFrame:
+        """Rewrite summary.csv from every record of the run folder; return it."""
         records = attach_divergences(self.run_dir.records())
         return write_summary(records, self.run_dir.summary_path)
 
 
-def summarize_dir(path: Path):
+def summarize_dir(path: Path) -> pd.DataFrame:
     """Rebuild summary.csv of a run directory from its records alone."""
     rd = RunDir(path)
     if not rd.records_path.exists():

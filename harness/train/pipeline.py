@@ -82,7 +82,7 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     the data passes it began, which epoch-scheduled loss terms (Gumiho's MLP CE) continue from."""
     import json
 
-    from harness.runs.results import repo_relative
+    from harness.core.paths import repo_relative
     from methods.checkpoint_io import read_config, read_weights
 
     if not (folder / "config.json").exists():

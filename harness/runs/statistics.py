@@ -1,0 +1,413 @@
+"""A run folder's statistics, computed once: the numbers its tables, plots and regression baselines
+show, rebuilt from `records.jsonl` and `meta.json` alone.
+
+Rows are (temperature, method or ablation variant, acceptance rule); AR is the reference every
+speedup is measured against and appears only in the cost frame. Per (row, benchmark):
+- τ and speedup from `metrics.AnswerSums`, the computation summary.csv takes its numbers from;
+- 95% intervals: percentile bootstrap over answers (prompts, for speedup: each resample keeps a
+  method answer with AR's answer to the same prompt), `N_BOOTSTRAP` resamples seeded from the
+  cell's identity, so a rebuild gives identical files; the Mean (the mean of the benchmark
+  columns, as the EAGLE / Gumiho papers compute it) resamples every benchmark independently and
+  averages.
+`compute_stats` does all of it once (the bootstrap included); tables and plots only render it.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.core.errors import SpecbenchError
+from harness.runs.metrics import (
+    AR_METHOD,
+    AnswerSums,
+    ar_by_prompt,
+    attach_divergences,
+    dedupe,
+    own_divergences,
+    per_depth_acceptance,
+    tokens_and_steps,
+)
+from harness.runs.results import RunDir
+
+N_BOOTSTRAP = 2000
+CI_LEVEL = 0.95
+MEAN = "mean"
+
+
+def is_lossy(rec: Mapping[str, Any]) -> bool:
+    """Whether a record's acceptance rule is lossy, as the runner wrote it (`"lossy"`).
+
+    Records written before the runner stored it (the committed reference runs, the history lines
+    of `cli.py compare --record` before it) fall back to the one lossy rule of that time, typical.
+    """
+    if "lossy" in rec:
+        return bool(rec["lossy"])
+    return rec.get("acceptance") == "typical"
+
+
+def fmt_temperature(t: float) -> str:
+    return f"{t:g}"
+
+
+def row_label(name: str, acceptance: str, lossy: bool) -> str:
+    """How a row is named in every table and plot: lossy rows say so."""
+    return f"{name} ({acceptance}, lossy)" if lossy else name
+
+
+# ----------------------------------------------------------------------------- loading
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: a method (or ablation variant) at one temperature under one acceptance rule."""
+
+    temperature: float
+    method: str
+    config_hash: str
+    acceptance: str
+    name: str  # method name, or the variant's label in an ablation
+    lossy: bool = False
+
+    @property
+    def label(self) -> str:
+        return row_label(self.name, self.acceptance, self.lossy)
+
+
+@dataclass
+class RunData:
+    path: Path
+    records: list[dict]
+    meta: dict
+    benchmarks: list[str]
+    rows: list[Row]        # AR excluded; temperature ascending, then the run's method order
+    ar_rows: list[Row]
+    parameters: dict[str, int]  # config hash -> drafter parameters (meta.json)
+    ablation: dict | None = None
+    _by_row: dict[Row, list[dict]] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        """Benchmarks, then the Mean (left out when there is a single benchmark)."""
+        return [*self.benchmarks, MEAN] if len(self.benchmarks) > 1 else list(self.benchmarks)
+
+    @property
+    def temperatures(self) -> list[float]:
+        return sorted({r.temperature for r in self.rows + self.ar_rows})
+
+    def row_records(self, row: Row, benchmark: str | None = None) -> list[dict]:
+        recs = self._by_row.get(row, [])
+        return recs if benchmark is None else [r for r in recs if r["benchmark"] == benchmark]
+
+    def multi_variant(self) -> bool:
+        """True when one method appears in several configs (an ablation): colour by variant."""
+        configs: dict[str, set[str]] = {}
+        for r in self.rows:
+            configs.setdefault(r.method, set()).add(r.config_hash)
+        return any(len(c) > 1 for c in configs.values())
+
+
+def _row_of(rec: dict, names: dict[str, str]) -> Row:
+    chash = rec.get("config_hash") or ""
+    return Row(float(rec["temperature"]), rec["method"], chash, rec["acceptance"],
+               names.get(chash, rec["method"]), is_lossy(rec))
+
+
+def load_run(path: Path) -> RunData:
+    """Records (deduplicated by key) and meta of a run folder, with its rows in table order."""
+    rd = RunDir(Path(path))
+    if not rd.records_path.exists():
+        raise SpecbenchError(f"{path} has no records.jsonl: not a run directory")
+    meta = rd.read_meta() or {}
+    records = attach_divergences(dedupe(rd.records()))
+    if not records:
+        raise SpecbenchError(f"{rd.records_path} holds no records yet")
+    config = meta.get("config", {})
+    resolved = config.get("methods_resolved") or {}
+    # Names by config hash: the method, or the variant label that keyed it in meta.json.
+    names: dict[str, str] = {}
+    parameters: dict[str, int] = {}
+    for label, entry in resolved.items():
+        if isinstance(entry, dict) and entry.get("config_hash"):
+            names[entry["config_hash"]] = label
+            parameters[entry["config_hash"]] = int(entry.get("parameters") or 0)
+    # The same method name under several unlabelled configs: tell them apart by hash.
+    hashes_per_method: dict[str, set[str]] = {}
+    for rec in records:
+        hashes_per_method.setdefault(rec["method"], set()).add(rec.get("config_hash") or "")
+    for rec in records:
+        chash = rec.get("config_hash") or ""
+        if chash not in names and len(hashes_per_method[rec["method"]]) > 1:
+            names[chash] = f"{rec['method']} [{chash[:6]}]"
+
+    by_row: dict[Row, list[dict]] = {}
+    for rec in records:
+        by_row.setdefault(_row_of(rec, names), []).append(rec)
+    label_order = {label: i for i, label in enumerate(resolved)}
+    first_seen = {}
+    for rec in records:
+        first_seen.setdefault(_row_of(rec, names).name, len(first_seen))
+    accept_seen = {}
+    for rec in records:
+        accept_seen.setdefault(rec["acceptance"], len(accept_seen))
+
+    def order(row: Row) -> tuple:
+        return (row.temperature, label_order.get(row.name, len(label_order) + first_seen[row.name]),
+                accept_seen[row.acceptance])
+
+    rows = sorted((r for r in by_row if r.method != AR_METHOD), key=order)
+    ar_rows = sorted((r for r in by_row if r.method == AR_METHOD), key=order)
+    present = list(dict.fromkeys(r["benchmark"] for r in records))
+    wanted = [b for b in config.get("benchmarks", []) if b in present]
+    benchmarks = wanted + [b for b in present if b not in wanted]
+    return RunData(Path(path), records, meta, benchmarks, rows, ar_rows, parameters,
+                   config.get("ablation"), by_row)
+
+
+# ----------------------------------------------------------------------------- cells
+
+def _seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+def _weights(n: int, seed: int, resamples: int) -> np.ndarray:
+    """[resamples, n] counts of each answer in each bootstrap resample."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(float)
+
+
+def _interval(reps: np.ndarray | None) -> tuple[float, float]:
+    if reps is None or not np.isfinite(reps).any():
+        return math.nan, math.nan
+    lo, hi = np.nanpercentile(reps, [50 * (1 - CI_LEVEL), 100 - 50 * (1 - CI_LEVEL)])
+    return float(lo), float(hi)
+
+
+@dataclass
+class Cell:
+    answers: int
+    tau: float
+    speedup: float
+    tau_reps: np.ndarray | None      # bootstrap replicates; None when not resampled
+    speedup_reps: np.ndarray | None
+
+    @property
+    def tau_ci(self) -> tuple[float, float]:
+        return _interval(self.tau_reps)
+
+    @property
+    def speedup_ci(self) -> tuple[float, float]:
+        return _interval(self.speedup_reps)
+
+
+def cell_stats(recs: list[dict], ar: dict[tuple, list[dict]], seed_parts: Sequence[Any],
+               resamples: int = N_BOOTSTRAP) -> Cell:
+    """τ and speedup of one (row, benchmark) with `resamples` bootstrap replicates (0: none)."""
+    if not recs:
+        return Cell(0, math.nan, math.nan, None, None)
+    sums = AnswerSums.of(recs, ar)
+    tau = float(sums.tau())
+    tau_reps = sums.tau(_weights(len(recs), _seed("tau", *seed_parts), resamples)) if resamples else None
+    speedup, speedup_reps = math.nan, None
+    if len(sums.pairs):
+        speedup = float(sums.speedup())
+        if resamples:
+            speedup_reps = sums.speedup(_weights(len(sums.pairs), _seed("speedup", *seed_parts), resamples))
+    return Cell(len(recs), tau, speedup, tau_reps, speedup_reps)
+
+
+def _mean_cell(cells: list[Cell]) -> Cell:
+    """Mean over benchmarks (NaN unless every benchmark has a value) with its bootstrap interval."""
+    if not cells:
+        return Cell(0, math.nan, math.nan, None, None)
+
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values)) if all(np.isfinite(values)) else math.nan
+
+    def mean_reps(reps: list[np.ndarray | None]) -> np.ndarray | None:
+        return None if any(r is None for r in reps) else np.mean(np.stack(reps), axis=0)
+
+    return Cell(sum(c.answers for c in cells), mean([c.tau for c in cells]), mean([c.speedup for c in cells]),
+                mean_reps([c.tau_reps for c in cells]), mean_reps([c.speedup_reps for c in cells]))
+
+
+def main_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> dict[Row, dict[str, Cell]]:
+    """{row: {benchmark | "mean": Cell}} for every non-AR row."""
+    ar = ar_by_prompt(run.records)
+    out: dict[Row, dict[str, Cell]] = {}
+    for row in run.rows:
+        cells = {}
+        for b in run.benchmarks:
+            cells[b] = cell_stats(run.row_records(row, b), ar,
+                                  (row.temperature, row.method, row.config_hash, row.acceptance, b), resamples)
+        cells[MEAN] = _mean_cell([cells[b] for b in run.benchmarks])
+        out[row] = cells
+    return out
+
+
+@dataclass
+class CategoryCells:
+    """Per row, τ and speedup per category of the user's prompt files that have several categories
+    (Spec-Bench reports its own file this way). Columns are `benchmark/category`, then the Mean of
+    the categories; `titles` are what tables and plots print for them."""
+
+    columns: list[str]
+    titles: dict[str, str]
+    cells: dict[Row, dict[str, Cell]]
+
+
+def category_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> CategoryCells | None:
+    """`CategoryCells` of the run, or None when no prompt file (records with `prompt_sha256`) has
+    two categories. Built-in benchmarks are left out: their table is the main one."""
+    cats: dict[str, list[str]] = {}
+    for rec in run.records:
+        if rec.get("prompt_sha256"):
+            names = cats.setdefault(rec["benchmark"], [])
+            if rec.get("category", "") not in names:
+                names.append(rec.get("category", ""))
+    cats = {b: sorted(c) for b, c in cats.items() if len(c) > 1}
+    if not cats:
+        return None
+    columns = [f"{b}/{c}" for b in run.benchmarks if b in cats for c in cats[b]]
+    titles = {col: (col.split("/", 1)[1] or "(none)") if len(cats) == 1 else col for col in columns}
+    if len(columns) > 1:
+        columns.append(MEAN)
+        titles[MEAN] = "Mean"
+    ar = ar_by_prompt(run.records)
+    out: dict[Row, dict[str, Cell]] = {}
+    for row in run.rows:
+        by_col = {}
+        for col in (c for c in columns if c != MEAN):
+            bench, cat = col.split("/", 1)
+            recs = [r for r in run.row_records(row, bench) if r.get("category", "") == cat]
+            by_col[col] = cell_stats(recs, ar, (row.temperature, row.method, row.config_hash, row.acceptance, col),
+                                     resamples)
+        if MEAN in columns:
+            by_col[MEAN] = _mean_cell(list(by_col.values()))
+        out[row] = by_col
+    return CategoryCells(columns, titles, out)
+
+
+# ----------------------------------------------------------------------------- frames
+
+def _row_fields(row: Row) -> dict[str, Any]:
+    """The columns that identify a row in every per-row frame."""
+    return {"temperature": row.temperature, "method": row.method, "variant": row.name,
+            "acceptance": row.acceptance, "lossy": row.lossy, "config_hash": row.config_hash}
+
+
+def main_frame(cells: dict[Row, dict[str, Cell]]) -> pd.DataFrame:
+    """Long form: one line per (row, benchmark or mean) with the estimates and 95% intervals."""
+    lines = []
+    for row, by_bench in cells.items():
+        for b, c in by_bench.items():
+            (tl, th), (sl, sh) = c.tau_ci, c.speedup_ci
+            lines.append({**_row_fields(row), "benchmark": b, "answers": c.answers, "speedup": c.speedup,
+                          "speedup_lo": sl, "speedup_hi": sh, "tau": c.tau, "tau_lo": tl, "tau_hi": th})
+    return pd.DataFrame(lines).round({k: 4 for k in ("speedup", "speedup_lo", "speedup_hi", "tau", "tau_lo", "tau_hi")})
+
+
+def turn_frame(run: RunData) -> pd.DataFrame:
+    """Per (temperature, row), pooled over the benchmarks with more than one turn (MT-Bench): τ and
+    speedup of each turn. A later turn sees the earlier answers, which a lookup drafter can copy
+    from, so the turns can rank methods differently. Empty when no benchmark has two turns."""
+    turns_of: dict[str, set[int]] = {}
+    for rec in run.records:
+        turns_of.setdefault(rec["benchmark"], set()).add(int(rec["turn"]))
+    multi = {b for b, t in turns_of.items() if len(t) > 1}
+    if not multi:
+        return pd.DataFrame()
+    turns = sorted(set().union(*(turns_of[b] for b in multi)))
+    ar = ar_by_prompt(run.records)
+    lines = []
+    for row in run.rows:
+        recs = [r for r in run.row_records(row) if r["benchmark"] in multi]
+        line = _row_fields(row)
+        for t in turns:
+            cell = cell_stats([r for r in recs if int(r["turn"]) == t], ar,
+                              (row.temperature, row.method, row.config_hash, row.acceptance, "turn", t), resamples=0)
+            line.update({f"turn{t + 1}_answers": cell.answers, f"turn{t + 1}_tau": round(cell.tau, 4),
+                         f"turn{t + 1}_speedup": round(cell.speedup, 4)})
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
+def cost_frame(run: RunData) -> pd.DataFrame:
+    """Per (temperature, row), pooled over benchmarks: ms per verify step drafting, verifying and
+    the rest (wall - prefill - draft - verify), mean tree size, τ and drafter parameters. AR first."""
+    lines = []
+    for row in sorted(run.ar_rows + run.rows, key=lambda r: (r.temperature, r.method != AR_METHOD)):
+        recs = run.row_records(row)
+        steps = sum(tokens_and_steps(r)[1] for r in recs)
+        tokens = sum(tokens_and_steps(r)[0] for r in recs)
+
+        def total(column: str) -> float:
+            return float(sum(sum((r.get("steps") or {}).get(column, [])) for r in recs))
+
+        draft, verify, tree = total("draft_ms"), total("verify_ms"), total("tree_size")
+        wall_ms = 1000.0 * sum(r["wall_s"] for r in recs)
+        prefill_ms = 1000.0 * sum(r.get("prefill_s", 0.0) for r in recs)
+        per = (lambda x: x / steps) if steps else (lambda x: math.nan)
+        lines.append({
+            **_row_fields(row), "answers": len(recs), "steps": steps, "draft_ms_per_step": per(draft),
+            "verify_ms_per_step": per(verify), "other_ms_per_step": per(wall_ms - prefill_ms - draft - verify),
+            "tree_size": per(tree), "tau": tokens / steps if steps else math.nan,
+            "prefill_ms_per_answer": prefill_ms / len(recs) if recs else math.nan,
+            "draft_parameters": run.parameters.get(row.config_hash, 0),
+            # Greedy answers that left AR's output themselves; at T > 0 outputs are samples.
+            "mismatches": (len(own_divergences(recs)) if row.temperature == 0 and row.method != AR_METHOD
+                           else math.nan),
+        })
+    return pd.DataFrame(lines).round({"draft_ms_per_step": 3, "verify_ms_per_step": 3, "other_ms_per_step": 3,
+                                      "tree_size": 3, "tau": 4, "prefill_ms_per_answer": 2})
+
+
+def depth_curves(run: RunData) -> dict[Row, list[float]]:
+    """Per non-AR row, pooled over benchmarks: `per_depth_acceptance` (element 0 is depth 1)."""
+    return {row: per_depth_acceptance(run.row_records(row)) for row in run.rows}
+
+
+def depth_frame(run: RunData, curves: dict[Row, list[float]]) -> pd.DataFrame:
+    """Per (temperature, row): for depth d, the share of verify steps whose accepted path reached d
+    (columns d1, d2, ...; empty beyond the row's deepest acceptance)."""
+    depth = max((len(c) for c in curves.values()), default=0)
+    lines = []
+    for row, curve in curves.items():
+        line = {**_row_fields(row), "steps": sum(len((r.get("steps") or {}).get("accepted", [])) for r in run.row_records(row))}
+        for d in range(1, depth + 1):
+            line[f"d{d}"] = round(curve[d - 1], 4) if d <= len(curve) else math.nan
+        lines.append(line)
+    return pd.DataFrame(lines)
+
+
+# ----------------------------------------------------------------------------- all of it, once
+
+@dataclass
+class RunStats:
+    """Everything the tables and plots of a run show, computed once (the bootstrap included)."""
+
+    run: RunData
+    cells: dict[Row, dict[str, Cell]]    # main_cells
+    curves: dict[Row, list[float]]       # depth_curves, unrounded (the depth plot draws them)
+    main: pd.DataFrame
+    cost: pd.DataFrame
+    depth: pd.DataFrame
+    turns: pd.DataFrame                  # empty when no benchmark has two turns
+    categories: CategoryCells | None = None   # prompt files with several categories (Spec-Bench's table)
+
+
+def compute_stats(run: RunData, resamples: int = N_BOOTSTRAP) -> RunStats:
+    cells = main_cells(run, resamples)
+    curves = depth_curves(run)
+    return RunStats(run, cells, curves, main_frame(cells), cost_frame(run), depth_frame(run, curves), turn_frame(run),
+                    category_cells(run, resamples))
+
+
+def load_stats(run_dir: Path, resamples: int = N_BOOTSTRAP) -> RunStats:
+    """`compute_stats` of a run folder: what `cli.py table` and `cli.py plot` render."""
+    return compute_stats(load_run(run_dir), resamples)

@@ -1,0 +1,80 @@
+"""What Medusa and Hydra share: draft heads on the target's features whose ranked guesses fill a
+static tree of rank paths, each head read through its own vocab projection or the frozen LM head.
+
+A subclass supplies its heads (`teacher_forced_heads`, `own_proj`), how one depth of the tree is
+ranked during decoding (`ranker`) and one head's training loss (`head_loss`); the tree walk
+(`harness/core/tree_build.py`) and the summed loss are here.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from harness.core.tree import DraftTree, StaticTree
+from harness.core.tree_build import RankChildren, walk_static_tree
+from methods.base import LearnedDrafter
+
+if TYPE_CHECKING:
+    from harness.core.decode import DraftContext
+
+# Inference and head keys both methods take. The tree is the best 15 nodes of mc_sim_7b_63 (bf16
+# here: a 16-token verify costs ~1.2x a step against ~1.6x for 64 tokens); a checkpoint whose
+# config.json has a `decode.tree` (written by `calibrate-tree --save`) uses that instead. The
+# official tree is `--set tree=mc_sim_7b_63`. `draft_vocab` applies with share_lm_head only.
+HEAD_DEFAULTS: dict[str, Any] = {"share_lm_head": True, "tree": "cpu_15", "draft_vocab": 8192}
+
+
+class HeadDrafter(LearnedDrafter):
+    """Heads 0..heads-1 guess the tokens at depths 1..heads of a static tree (`config['tree']`)."""
+
+    arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
+    input_noise = False  # neither recipe adds feature noise
+
+    def __init__(self, target, config: dict[str, Any] | None = None) -> None:
+        super().__init__(target, config)
+        self.tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
+
+    def own_proj(self, k: int) -> nn.Module | None:
+        """Head k's own vocab projection (official layouts), or None: the frozen LM head."""
+        raise NotImplementedError
+
+    def head_vocab_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] output of head k -> [..., V] logits (draft-vocab ids only, through the frozen head)."""
+        proj = self.own_proj(k)
+        return self.vocab.draft_logits(hidden) if proj is None else proj(hidden)
+
+    # ---- decoding -------------------------------------------------------------------------
+    def ranker(self, ctx: DraftContext) -> RankChildren:
+        """The callback that ranks the children of one depth's expanded nodes for this proposal."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return walk_static_tree(ctx.root, self.tree, ctx.max_nodes, self.ranker(ctx))
+
+    # ---- training -------------------------------------------------------------------------
+    def teacher_forced_heads(self, batch) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(k, offset, head k's hidden [B, T - offset, H]) for every head that has tokens to guess:
+        position t of head k guesses token t + offset."""
+        raise NotImplementedError
+
+    def head_loss(self, k: int, off: int, hidden: torch.Tensor, batch,
+                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cross-entropy, top-1 accuracy) of head k's `hidden` [B, n, H] on `mask` [B, n]."""
+        raise NotImplementedError
+
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        """The heads' losses summed, on assistant tokens."""
+        valid = batch.loss_mask * batch.attention_mask
+        total = batch.features.new_zeros(())
+        out: dict[str, torch.Tensor] = {}
+        for k, off, hidden in self.teacher_forced_heads(batch):
+            ce, acc = self.head_loss(k, off, hidden, batch, valid[:, off:])
+            total = total + ce
+            out[f"ce{k}"] = ce.detach()
+            out[f"acc{k}"] = acc.detach()
+        out["loss"] = total
+        return out

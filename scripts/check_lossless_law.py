@@ -1,0 +1,170 @@
+"""Lossless sampling on the real target: under every method that claims it, the law of the first
+two new tokens equals AR sampling's exact law (SmolLM2-135M, float32). Too slow for CI; run by hand:
+
+  python scripts/check_lossless_law.py --data-dir ../shared/data [--samples 2000] [--out FILE]
+
+How:
+- Prompts: the first question (by the runner's stratified pick) of MT-Bench, GSM8K and HumanEval,
+  templated as the runner does.
+- Exact AR law of (t1, t2): t1 ~ processed_probs(prefill logits), t2 ~ processed_probs(logits
+  after t1), the very distributions AR sampling draws from. Every t1 with probability >= 1e-3 is
+  expanded with one target forward; cells of joint probability >= 1e-5 are listed, the remaining
+  mass forms one "other" cell, and cells expected below 10 counts are pooled (law_check).
+- Samples: `generate(..., max_new_tokens=2)` with the method's drafter, seed i for sample i (the
+  runner's scheme: the loop's generator is seeded per answer). The prompt's prefill is computed
+  once and replayed into each sample's cache (bit-identical to recomputing it: same kernels, same
+  inputs), so a sample costs one speculative step.
+- Test: Pearson chi-square; a lossless method must give p > 1e-3. A control replays EAGLE-2 with a
+  deliberately biased rule ("no-residual": after a rejected draft the bonus is drawn from the
+  unmodified target law) and must give p < 1e-6, so the check has power on these prompts.
+Exit status 1 if any lossless method is rejected or the control is not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import harness.core.verify as verify_module  # noqa: E402
+from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.target import Target  # noqa: E402
+from harness.core.verify import Sampling, Verdict, processed_probs, sample  # noqa: E402
+from harness.runs.benchmarks import load_questions  # noqa: E402
+from harness.runs.law_check import pooled_chi2  # noqa: E402
+from methods.registry import get_method  # noqa: E402
+
+PROMPT_BENCHMARKS = ("mt_bench", "gsm8k", "humaneval")
+ALPHA_FAIR, ALPHA_BIASED = 1e-3, 1e-6
+T1_MIN, CELL_MIN = 1e-3, 1e-5
+
+
+class PrefillReplay:
+    """Target.forward that replays a stored prefill of `prompt` into an empty cache."""
+
+    def __init__(self, target: Target, prompt: list[int]) -> None:
+        self.target, self.real = target, target.forward
+        self.prompt = torch.tensor(prompt)
+        self.stored = None
+
+    def __call__(self, input_ids, cache, **kw):
+        if cache.length == 0 and input_ids.numel() == self.prompt.numel() and torch.equal(input_ids.cpu(), self.prompt):
+            if self.stored is None:
+                out = self.real(input_ids, cache, **kw)
+                n = cache.length
+                kv = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in cache.layers]
+                self.stored = (out, kv)
+                return out
+            out, kv = self.stored
+            for layer, (k, v) in zip(cache.layers, kv):
+                layer.update(k, v)
+            return out
+        return self.real(input_ids, cache, **kw)
+
+
+@torch.inference_mode()
+def exact_law(target: Target, prompt: list[int], temperature: float, top_p: float) -> dict[tuple[int, int], float]:
+    cache = target.new_cache(capacity=len(prompt) + 4)
+    p1 = processed_probs(target.forward(torch.tensor(prompt), cache, logits="last").logits[-1], temperature, top_p)
+    base = cache.length
+    law = {}
+    for t1 in (p1 >= T1_MIN).nonzero().flatten().tolist():
+        p2 = processed_probs(target.forward(torch.tensor([t1]), cache).logits[-1], temperature, top_p)
+        cache.crop_to(base)
+        joint = float(p1[t1]) * p2
+        for t2 in (joint >= CELL_MIN).nonzero().flatten().tolist():
+            law[(t1, t2)] = float(joint[t2])
+    return law
+
+
+def no_residual_rule(tree, logits, temperature, top_p, generator) -> Verdict:
+    """Recursive rejection sampling with one bug: a rejected draft's mass is not removed."""
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    p = processed_probs(logits[0], temperature, top_p)
+    while True:
+        chosen = None
+        for c in tree.verify_children(node):
+            q = tree.q[node].float() if tree.q is not None else None
+            ratio = p[tokens[c]] if q is None else p[tokens[c]] / q[tokens[c]].clamp_min(1e-30)
+            if float(torch.rand((), generator=generator)) < float(ratio):
+                chosen = c
+                break
+        if chosen is None:
+            return Verdict(path, sample(p, generator))
+        node = chosen
+        path.append(node)
+        p = processed_probs(logits[node], temperature, top_p)
+
+
+def sample_counts(target: Target, prompt: list[int], drafter, sampling: Sampling, n: int) -> Counter:
+    counts: Counter = Counter()
+    for i in range(n):
+        out = generate(target, prompt, GenerationConfig(2, sampling, seed=i), drafter).output_ids
+        counts[tuple(out[:2])] += 1
+    return counts
+
+
+def test(counts: Counter, law: dict, n: int) -> tuple[float, int, float]:
+    cells = list(law)
+    observed = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
+    expected = [n * law[c] for c in cells] + [n * max(0.0, 1.0 - sum(law.values()))]
+    return pooled_chi2(observed, expected)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--methods", default="ar,pld,medusa,hydra,eagle,eagle2,gumiho")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="write the p-values as JSON here")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Target.load("smollm2-135m", "cpu", "float32")
+    sampling = Sampling(args.temperature, args.top_p, "lossless")
+    prompts = [target.encode_chat([{"role": "user", "content": load_questions(b, args.data_dir, limit=1)[0].turns[0]}])
+               for b in PROMPT_BENCHMARKS]
+    rows, ok = [], True
+    for b, prompt in zip(PROMPT_BENCHMARKS, prompts):
+        law = exact_law(target, prompt, args.temperature, args.top_p)
+        target.forward = PrefillReplay(target, prompt)
+        runs = [(m, False) for m in args.methods.split(",")] + [("eagle2", True)]
+        for method, biased in runs:
+            drafter = None if method == "ar" else get_method(method).create(target, {})
+            real_rule = verify_module.verify_lossless
+            if biased:
+                verify_module.verify_lossless = no_residual_rule
+            t0 = time.perf_counter()
+            try:
+                counts = sample_counts(target, prompt, drafter, sampling, args.samples)
+            finally:
+                verify_module.verify_lossless = real_rule
+            stat, df, p = test(counts, law, args.samples)
+            passed = p < ALPHA_BIASED if biased else p > ALPHA_FAIR
+            ok &= passed
+            name = method + (" (biased control: no-residual)" if biased else "")
+            rows.append({"benchmark": b, "method": name, "chi2": round(stat, 2), "df": df, "p": p,
+                         "passed": passed, "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"{b:10s} {name:36s} chi2 {stat:8.2f} df {df:3d} p {p:.3g} {'ok' if passed else 'FAIL'}", flush=True)
+        del target.forward  # back to the class method
+    if args.out:
+        from harness.runs.results import collect_meta
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"samples": args.samples, "temperature": args.temperature, "top_p": args.top_p,
+                                        "rows": rows, "meta": collect_meta()}, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
