@@ -30,7 +30,8 @@ class Eagle2(EagleCore):
     weights_from = "eagle"
     defaults: dict[str, Any] = {
         **EagleCore.defaults,
-        # CPU default: verifying 32 tokens costs ~1.3x a 1-token step in bf16 here (64: ~1.6x),
+        # CPU default, chosen on Sapphire Rapids (AMX): verifying 32 tokens costs ~1.3x a 1-token
+        # step in bf16 there (64: ~1.6x; on an AMD EPYC with AVX512-BF16: 1.6x and 2.1x, README),
         # and a draft step ~4 ms against ~41 ms for the target; with heads trained on ~1 M tokens
         # the extra nodes of a 60-token tree rarely pay. Official: top_k 10, depth 5, total 60.
         "top_k": 8,

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from harness.core.decode import DraftContext
 
 # Inference and head keys both methods take. The tree is the best 15 nodes of mc_sim_7b_63 (bf16
-# here: a 16-token verify costs ~1.2x a step against ~1.6x for 64 tokens); a checkpoint whose
+# on Sapphire Rapids: a 16-token verify costs ~1.2x a step against ~1.6x for 64 tokens; on an
+# AMD EPYC with AVX512-BF16 1.15-1.3x against 2.1-2.6x); a checkpoint whose
 # config.json has a `decode.tree` (written by `calibrate-tree --save`) uses that instead. The
 # official tree is `--set tree=mc_sim_7b_63`. `draft_vocab` applies with share_lm_head only.
 HEAD_DEFAULTS: dict[str, Any] = {"share_lm_head": True, "tree": "cpu_15", "draft_vocab": 8192}
