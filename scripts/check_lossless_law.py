@@ -126,16 +126,18 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="write the p-values as JSON here")
+    ap.add_argument("--benchmarks", default=",".join(PROMPT_BENCHMARKS), help="whose first question is a prompt")
+    ap.add_argument("--out", type=Path, default=None, help="write the p-values as JSON here (after every method)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     target = Target.load("smollm2-135m", "cpu", "float32")
     sampling = Sampling(args.temperature, args.top_p, "lossless")
+    benchmarks = args.benchmarks.split(",")
     prompts = [target.encode_chat([{"role": "user", "content": load_questions(b, args.data_dir, limit=1)[0].turns[0]}])
-               for b in PROMPT_BENCHMARKS]
+               for b in benchmarks]
     rows, ok = [], True
-    for b, prompt in zip(PROMPT_BENCHMARKS, prompts):
+    for b, prompt in zip(benchmarks, prompts):
         law = exact_law(target, prompt, args.temperature, args.top_p)
         target.forward = PrefillReplay(target, prompt)
         runs = [(m, False) for m in args.methods.split(",")] + [("eagle2", True)]
@@ -156,14 +158,18 @@ def main() -> int:
             rows.append({"benchmark": b, "method": name, "chi2": round(stat, 2), "df": df, "p": p,
                          "passed": passed, "seconds": round(time.perf_counter() - t0, 1)})
             print(f"{b:10s} {name:36s} chi2 {stat:8.2f} df {df:3d} p {p:.3g} {'ok' if passed else 'FAIL'}", flush=True)
+            if args.out:
+                write(args, rows)
         del target.forward  # back to the class method
-    if args.out:
-        from harness.runs.results import collect_meta
-
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"samples": args.samples, "temperature": args.temperature, "top_p": args.top_p,
-                                        "rows": rows, "meta": collect_meta()}, indent=1) + "\n")
     return 0 if ok else 1
+
+
+def write(args: argparse.Namespace, rows: list[dict]) -> None:
+    from harness.runs.results import collect_meta
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"samples": args.samples, "temperature": args.temperature, "top_p": args.top_p,
+                                    "rows": rows, "meta": collect_meta()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
