@@ -10,10 +10,13 @@ How:
   after t1), the very distributions AR sampling draws from. Every t1 with probability >= 1e-3 is
   expanded with one target forward; cells of joint probability >= 1e-5 are listed, the remaining
   mass forms one "other" cell, and cells expected below 10 counts are pooled (law_check).
-- Samples: `generate(..., max_new_tokens=2)` with the method's drafter, seed i for sample i (the
-  runner's scheme: the loop's generator is seeded per answer). The prompt's prefill is computed
-  once and replayed into each sample's cache (bit-identical to recomputing it: same kernels, same
-  inputs), so a sample costs one speculative step.
+- Samples: the loop's own `prefill` and first `speculative_step` (harness/core/decode.py) with the
+  method's drafter and the room of a 128-token answer, seed i for sample i (the runner's scheme:
+  the loop's generator is seeded per answer); t2 is the step's first token. (Not `generate(...,
+  max_new_tokens=2)`: with room for one token no drafter proposes anything, and the check would be
+  vacuous; each method must accept a draft in >= 10% of samples or it fails.) The prompt's prefill
+  is computed once and replayed into each sample's cache (bit-identical to recomputing it: same
+  kernels, same inputs), so a sample costs one speculative step.
 - Test: Pearson chi-square; a lossless method must give p > 1e-3. A control replays EAGLE-2 with a
   deliberately biased rule ("no-residual": after a rejected draft the bonus is drawn from the
   unmodified target law) and must give p < 1e-6, so the check has power on these prompts.
@@ -33,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import harness.core.verify as verify_module  # noqa: E402
-from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.decode import Answer, GenerationConfig, prefill, speculative_step  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.core.verify import Sampling, Verdict, processed_probs, sample  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
@@ -43,6 +46,7 @@ from methods.registry import get_method  # noqa: E402
 PROMPT_BENCHMARKS = ("mt_bench", "gsm8k", "humaneval")
 ALPHA_FAIR, ALPHA_BIASED = 1e-3, 1e-6
 T1_MIN, CELL_MIN = 1e-3, 1e-5
+ROOM = 127  # tokens left after the first one in a 128-token answer
 
 
 class PrefillReplay:
@@ -103,12 +107,25 @@ def no_residual_rule(tree, logits, temperature, top_p, generator) -> Verdict:
         p = processed_probs(logits[node], temperature, top_p)
 
 
-def sample_counts(target: Target, prompt: list[int], drafter, sampling: Sampling, n: int) -> Counter:
+def sample_counts(target: Target, prompt: list[int], drafter, sampling: Sampling, n: int) -> tuple[Counter, int]:
+    """Counts of (t1, t2) over n samples, and how many samples accepted a draft in the step that
+    made t2. Each sample is the loop's own prefill and first speculative step (seed i), with the
+    room a 128-token answer has, so the drafter proposes its full tree; t2 is that step's first
+    token (an accepted draft or the bonus)."""
     counts: Counter = Counter()
+    accepted = 0
+    cfg = GenerationConfig(1 + ROOM, sampling)
     for i in range(n):
-        out = generate(target, prompt, GenerationConfig(2, sampling, seed=i), drafter).output_ids
-        counts[tuple(out[:2])] += 1
-    return counts
+        generator = torch.Generator().manual_seed(i)
+        cache, _, root = prefill(target, prompt, cfg, generator, drafter)
+        if root in target.eos_token_ids:
+            counts[(root, -1)] += 1
+            continue
+        answer = Answer(target, cfg, target.eos_token_ids, [root], list(prompt) + [root])
+        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, ROOM)
+        counts[(root, answer.ids[1])] += 1
+        accepted += step.verdict.accepted > 0
+    return counts, accepted
 
 
 def test(counts: Counter, law: dict, n: int) -> tuple[float, int, float]:
@@ -148,16 +165,20 @@ def main() -> int:
                 verify_module.verify_lossless = no_residual_rule
             t0 = time.perf_counter()
             try:
-                counts = sample_counts(target, prompt, drafter, sampling, args.samples)
+                counts, accepted = sample_counts(target, prompt, drafter, sampling, args.samples)
             finally:
                 verify_module.verify_lossless = real_rule
             stat, df, p = test(counts, law, args.samples)
             passed = p < ALPHA_BIASED if biased else p > ALPHA_FAIR
-            ok &= passed
             name = method + (" (biased control: no-residual)" if biased else "")
+            if drafter is not None and accepted < args.samples // 10:
+                passed = False  # too few accepted drafts: the rule was hardly exercised
+            ok &= passed
             rows.append({"benchmark": b, "method": name, "chi2": round(stat, 2), "df": df, "p": p,
-                         "passed": passed, "seconds": round(time.perf_counter() - t0, 1)})
-            print(f"{b:10s} {name:36s} chi2 {stat:8.2f} df {df:3d} p {p:.3g} {'ok' if passed else 'FAIL'}", flush=True)
+                         "samples_with_accepted_draft": accepted, "passed": passed,
+                         "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"{b:10s} {name:36s} chi2 {stat:8.2f} df {df:3d} p {p:.3g} accepted-in-step {accepted:5d} "
+                  f"{'ok' if passed else 'FAIL'}", flush=True)
             if args.out:
                 write(args, rows)
         del target.forward  # back to the class method
