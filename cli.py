@@ -24,6 +24,8 @@ err = Console(stderr=True)
 TargetOpt = Annotated[str, typer.Option(help="alias, HF dir, .gguf file or hub id")]
 DtypeOpt = Annotated[str, typer.Option(help="target dtype: auto | float32 | bfloat16 | float16")]
 DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda")]
+DeviceMapOpt = Annotated[Optional[str], typer.Option(
+    help="auto: shard the target over every GPU (accelerate); the drafter sits with the LM head")]
 DataDirOpt = Annotated[Optional[Path], typer.Option(help="folder with <benchmark>/question.jsonl (default: $SPECBENCH_DATA)")]
 RunDirOpt = Annotated[Optional[Path], typer.Option(help="run folder (default results/runs/<config hash>)")]
 MaxNewTokensOpt = Annotated[int, typer.Option(help="new tokens per answer (per turn)")]
@@ -53,6 +55,10 @@ GridLimitOpt = Annotated[Optional[int], typer.Option(
     help="questions per benchmark, spread over categories (default 10)")]
 GridMaxNewTokensOpt = Annotated[Optional[int], typer.Option(help="new tokens per answer (default 128)")]
 PresetOpt = Annotated[Optional[str], typer.Option(help="'paper': all 80 questions and 512 tokens (for GPUs)")]
+RayOpt = Annotated[bool, typer.Option("--ray", help="run the grid's cells as Ray tasks (pip install ray)")]
+RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")]
+PackOpt = Annotated[bool, typer.Option("--pack", help="with --ray: untimed CPU cells share a node, one CPU and "
+                                                      "one thread each (tau and outputs only)")]
 
 
 def friendly(fn):
@@ -89,6 +95,7 @@ def run(
     target: TargetOpt = "smollm2-135m",
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
+    device_map: DeviceMapOpt = None,
     limit: Annotated[Optional[int], typer.Option(help="N questions spread evenly over categories")] = None,
     ids: Annotated[Optional[str], typer.Option(help="explicit question ids, comma-separated")] = None,
     max_new_tokens: MaxNewTokensOpt = 128,
@@ -110,7 +117,7 @@ def run(
 
     names, files = parse_benchmarks(split_csv(benchmark))
     cfg = RunConfig(
-        methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device,
+        methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device, device_map=device_map,
         limit=limit, ids=[int(i) for i in split_csv(ids)] if ids else None, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, acceptance=acceptance, seed=seed, checkpoint=checkpoint,
         settings=parse_settings(set_), chat_template=chat_template, system_prompt=system_prompt,
@@ -196,6 +203,7 @@ def compare(
     target: TargetOpt = "smollm2-135m",
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
+    device_map: DeviceMapOpt = None,
     acceptance: GridAcceptanceOpt = None,
     typical: Annotated[Optional[str], typer.Option(
         help="methods that also run Medusa's typical rule (lossy, labelled) at each T > 0, e.g. medusa,hydra")] = None,
@@ -214,6 +222,9 @@ def compare(
     history_file: Annotated[Optional[Path], typer.Option(
         "--history", help="history file for --record (default results/history.jsonl)")] = None,
     allow_dirty: AllowDirtyOpt = False,
+    ray: RayOpt = False,
+    ray_address: RayAddressOpt = None,
+    pack: PackOpt = False,
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
     from harness.report.rebuild import write_report
@@ -222,10 +233,10 @@ def compare(
 
     spec = grid_spec(methods=split_csv(methods) if methods else None, benchmarks=benchmarks, temperatures=temperature,
                      limit=limit, max_new_tokens=max_new_tokens, preset=preset, settings=set_, target=target,
-                     dtype=dtype, device=device, top_p=top_p, acceptance=acceptance, seed=seed,
-                     chat_template=chat_template, system_prompt=system_prompt,
+                     dtype=dtype, device=device, device_map=device_map, top_p=top_p, acceptance=acceptance,
+                     seed=seed, chat_template=chat_template, system_prompt=system_prompt,
                      typical=split_csv(typical) if typical else [])
-    run_dir = run_grid(spec, out, data_dir, err)
+    run_dir = run_grid(spec, out, data_dir, err, ray=ray, ray_address=ray_address, pack=pack)
     print_summary(summarize_dir(run_dir))
     paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "main.md")
@@ -260,6 +271,9 @@ def ablate(
     ci: CiOpt = False,
     train_steps: Annotated[int, typer.Option(
         help="budget for training a variant whose architecture has no weights yet (0: refuse instead)")] = 1500,
+    ray: RayOpt = False,
+    ray_address: RayAddressOpt = None,
+    pack: PackOpt = False,
 ):
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
     from harness.report.rebuild import write_report
@@ -268,7 +282,8 @@ def ablate(
     spec = grid_spec(methods=[method], benchmarks=benchmarks, temperatures=temperature, limit=limit,
                      max_new_tokens=max_new_tokens, preset=preset, target=target, dtype=dtype, device=device,
                      acceptance=acceptance, seed=seed)
-    run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps)
+    run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps,
+                           ray=ray, ray_address=ray_address, pack=pack)
     paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
@@ -378,7 +393,7 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="de
 @friendly
 def list_():
     """Methods, benchmarks and target aliases."""
-    from harness.core.target import ALIASES
+    from harness.core.model_wheels import WHEEL_MODELS
     from harness.runs.benchmarks import BENCHMARKS
     from methods.registry import get_method, method_names
 
@@ -388,7 +403,7 @@ def list_():
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         console.print(f"  {name}: {doc}")
     console.print("[bold]benchmarks[/]: " + ", ".join(BENCHMARKS))
-    console.print("[bold]target aliases[/]: " + ", ".join(ALIASES))
+    console.print("[bold]target aliases[/]: " + ", ".join(WHEEL_MODELS))
 
 
 @app.command("fetch-data")
@@ -417,18 +432,22 @@ def bench(
     ar_prompts: int = typer.Option(3, help="MT-Bench prompts for AR vs HF generate (0 = skip)"),
     max_new_tokens: MaxNewTokensOpt = 64,
     pld: bool = typer.Option(False, "--pld", help="also: our pld vs HF prompt lookup per benchmark"),
-    pld_benchmarks: str = typer.Option("mt_bench,humaneval,gsm8k,cnn_dm"),
-    pld_prompts: int = typer.Option(3),
+    assisted: Optional[str] = typer.Option(None, "--assisted", help="also: our sps with this draft model "
+                                           "(alias, HF dir or .gguf) vs HF assisted generation per benchmark"),
+    contest_benchmarks: str = typer.Option("mt_bench,humaneval,gsm8k,cnn_dm", "--contest-benchmarks",
+                                           "--pld-benchmarks", help="benchmarks of the --pld / --assisted contests"),
+    contest_prompts: int = typer.Option(3, "--contest-prompts", "--pld-prompts", help="first-turn prompts per benchmark"),
     data_dir: DataDirOpt = None,
     out: Optional[Path] = typer.Option(None, help="write the results as JSON here"),
 ):
-    """Cost curve of a k-token forward, our AR loop vs HF generate, and (--pld) pld vs HF prompt lookup."""
+    """Cost curve of a k-token forward, our AR loop vs HF generate, (--pld) pld vs HF prompt lookup,
+    (--assisted DRAFT) sps vs HF assisted generation."""
     from harness.runs.bench import run_bench
 
     run_bench(target=target, dtype=dtype, device=device, contexts=[int(c) for c in split_csv(contexts)],
               sizes=[int(s) for s in split_csv(sizes)], repeats=repeats, ar_prompts=ar_prompts,
-              max_new_tokens=max_new_tokens, pld=pld, pld_benchmarks=split_csv(pld_benchmarks),
-              pld_prompts=pld_prompts, data_dir=data_dir, out=out, console=console)
+              max_new_tokens=max_new_tokens, pld=pld, contest_benchmarks=split_csv(contest_benchmarks),
+              contest_prompts=contest_prompts, data_dir=data_dir, out=out, console=console, assisted=assisted)
 
 
 @app.command()

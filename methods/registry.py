@@ -14,6 +14,7 @@ _ENTRIES: dict[str, str] = {
     "eagle": "methods.eagle:Eagle",
     "eagle2": "methods.eagle2:Eagle2",
     "gumiho": "methods.gumiho:Gumiho",
+    "sps": "methods.sps:SpeculativeSampling",
 }
 _CLASSES: dict[str, type] = {}
 

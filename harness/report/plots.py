@@ -33,7 +33,7 @@ from harness.runs.statistics import (
 # One colour per method in every figure (Okabe-Ito, colour-blind safe); others get a stable pick.
 METHOD_COLORS = {
     AR_METHOD: "#7F7F7F", "pld": "#E69F00", "medusa": "#56B4E9", "hydra": "#009E73",
-    "eagle": "#0072B2", "eagle2": "#D55E00", "gumiho": "#CC79A7",
+    "eagle": "#0072B2", "eagle2": "#D55E00", "gumiho": "#CC79A7", "sps": "#332288",
 }
 EXTRA_COLORS = ("#882255", "#44AA99", "#999933", "#332288", "#117733", "#AA4499", "#661100")
 # Several variants of one method (ablations): one colour each, in variant order.

@@ -3,8 +3,12 @@
 1. Cost curve: time of one cached forward of k tree tokens at given context lengths, as ratios to
    k = 1 (what a tree budget costs here: the input for choosing tree sizes and pld's chain length).
 2. Our AR loop vs HF `generate` (greedy), same prompts, dtype and threads, both warmed up.
-3. (--pld) our `pld` vs HF prompt lookup (`generate(prompt_lookup_num_tokens=10)`), each against
-   its own stack's plain decoding, with tau for both (HF's counted through a streamer).
+3. (--pld) our `pld` vs HF prompt lookup (`generate(prompt_lookup_num_tokens=10)`), and
+   (--assisted DRAFT) our `sps` with that draft model vs HF assisted generation
+   (`generate(assistant_model=...)`), each against its own stack's plain decoding, with tau for
+   both (HF's counted through a streamer).
+Every run first prints the memory-bandwidth floor of a decode step (weight bytes / measured copy
+bandwidth): how far the runtime is from what the machine allows.
 All timings are medians of interleaved repeats, so drift hits every contender alike.
 """
 from __future__ import annotations
@@ -59,6 +63,32 @@ def cost_curve(target: Target, contexts: list[int], sizes: list[int], repeats: i
             step()  # warm-up of this shape
             out[ctx][k] = _median_ms(step, repeats)
     return out
+
+
+def weight_bytes(target: Target) -> int:
+    """Bytes of the target's weights a decode step reads (tied embedding / LM head counted once)."""
+    seen, total = set(), 0
+    for prm in target.model.parameters():
+        if prm.data_ptr() not in seen:
+            seen.add(prm.data_ptr())
+            total += prm.numel() * prm.element_size()
+    return total
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+    """Measured memory bandwidth in bytes/s: a `megabytes` tensor copy reads and writes it once,
+    so 2x its size moves per copy (median of `repeats`)."""
+    src = torch.ones(megabytes << 18, dtype=torch.float32, device=device)  # << 18: MB -> float32 count
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in before timing
+
+    def copy() -> None:
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    ms = _median_ms(copy, repeats)
+    return 2 * src.numel() * src.element_size() / (ms / 1e3)
 
 
 class _StepCounter:
@@ -121,9 +151,40 @@ def _contest(target: Target, prompts: list[list[int]], max_new: int, contenders:
                 "outputs": outputs[n]} for n in contenders}
 
 
+def _speculative_contest(tgt: Target, name: str, drafter, hf_name: str, hf_kwargs: dict[str, Any],
+                         benchmarks: list[str], n_prompts: int, data: Path, max_new_tokens: int, repeats: int,
+                         console: Console) -> dict[str, dict[str, Any]]:
+    """Our `name` drafter vs HF `generate(**hf_kwargs)` per benchmark, each against its own stack's
+    plain decoding (speedups are ratios within one stack), tau for both, outputs compared."""
+    t = Table(title=f"{name} vs {hf_name} ({max_new_tokens} new tokens, each vs its own plain decoding)")
+    for c in ("benchmark", "ours speedup", "ours tau", "HF speedup", "HF tau", f"{name} / HF tok/s", "identical"):
+        t.add_column(c)
+    rows = {}
+    for bench in benchmarks:
+        qs = load_questions(bench, data, limit=n_prompts)
+        prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
+        with console.status(f"{name} vs {hf_name} on {bench}"):
+            res = _contest(tgt, prompts, max_new_tokens, {
+                "ar": lambda p, n: _ours(tgt, p, n),
+                "ours": lambda p, n: _ours(tgt, p, n, drafter),
+                "hf": lambda p, n: _hf_generate(tgt, p, n),
+                "hf_spec": lambda p, n: _hf_generate(tgt, p, n, **hf_kwargs),
+            }, repeats=max(3, repeats // 2))
+        same = res["ar"]["outputs"] == res["ours"]["outputs"] == res["hf"]["outputs"] == res["hf_spec"]["outputs"]
+        row = {"ours_speedup": res["ours"]["tok_s"] / res["ar"]["tok_s"], "ours_tau": res["ours"]["tau"],
+               "hf_speedup": res["hf_spec"]["tok_s"] / res["hf"]["tok_s"], "hf_tau": res["hf_spec"]["tau"],
+               "ours_vs_hf_tok_s": res["ours"]["tok_s"] / res["hf_spec"]["tok_s"],
+               "tok_s": {k: v["tok_s"] for k, v in res.items()}, "identical_outputs": same}
+        rows[bench] = row
+        t.add_row(bench, f"{row['ours_speedup']:.2f}x", f"{row['ours_tau']:.2f}", f"{row['hf_speedup']:.2f}x",
+                  f"{row['hf_tau']:.2f}", f"{row['ours_vs_hf_tok_s']:.2f}x", str(same))
+    console.print(t)
+    return rows
+
+
 def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], sizes: list[int], repeats: int,
-              ar_prompts: int, max_new_tokens: int, pld: bool, pld_benchmarks: list[str], pld_prompts: int,
-              data_dir: Path | None, out: Path | None, console: Console) -> dict[str, Any]:
+              ar_prompts: int, max_new_tokens: int, pld: bool, contest_benchmarks: list[str], contest_prompts: int,
+              data_dir: Path | None, out: Path | None, console: Console, assisted: str | None = None) -> dict[str, Any]:
     warn = load_average_warning()
     if warn:
         console.print(f"[yellow]warning:[/] {warn} — timings will be noisy")
@@ -136,6 +197,13 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     result: dict[str, Any] = {"target": target, "dtype": dt_name, "threads": torch.get_num_threads(),
                               "cpu_kind": meta["cpu_kind"] if tgt.device.type == "cpu" else meta["gpu"], "meta": meta}
 
+    with console.status("memory bandwidth"):
+        nbytes, bandwidth = weight_bytes(tgt), copy_bandwidth(tgt.device)
+    floor_ms = nbytes / bandwidth * 1e3
+    result["floor"] = {"weight_bytes": nbytes, "copy_bandwidth_gb_s": bandwidth / 1e9, "step_floor_ms": floor_ms,
+                       "tok_s_ceiling": 1e3 / floor_ms}
+    console.print(f"memory-bandwidth floor of a decode step: {nbytes / 1e6:.0f} MB of weights / "
+                  f"{bandwidth / 1e9:.1f} GB/s copy bandwidth = {floor_ms:.1f} ms ({1e3 / floor_ms:.0f} tok/s at most)")
     with console.status("cost curve"):
         curve = cost_curve(tgt, contexts, sizes, repeats)
     result["cost_curve_ms"] = curve
@@ -148,7 +216,7 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         table.add_row(str(ctx), *[f"{row[k]:.1f} ({row[k] / row[1]:.2f}x)" for k in sizes])
     console.print(table)
 
-    if ar_prompts or pld:
+    if ar_prompts or pld or assisted:
         data = resolve_data_dir(data_dir)
     if ar_prompts:
         qs = load_questions("mt_bench", data, limit=ar_prompts)
@@ -163,35 +231,27 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         result["ar_vs_hf"] = {"ours_tok_s": res["ours"]["tok_s"], "hf_tok_s": res["hf"]["tok_s"],
                               "ratio": ratio, "identical_outputs": same, "prompts": len(prompts),
                               "max_new_tokens": max_new_tokens}
+        result["ar_vs_hf"]["floor_share"] = res["ours"]["tok_s"] / result["floor"]["tok_s_ceiling"]
         console.print(f"AR loop: ours {res['ours']['tok_s']:.2f} tok/s, HF generate {res['hf']['tok_s']:.2f} tok/s "
-                      f"-> {ratio:.3f}x; identical outputs: {same}")
+                      f"-> {ratio:.3f}x; identical outputs: {same}; "
+                      f"{result['ar_vs_hf']['floor_share']:.0%} of the bandwidth ceiling")
 
     if pld:
         from methods.pld import PromptLookupDrafter
 
-        drafter = PromptLookupDrafter(tgt)
-        t = Table(title=f"pld vs HF prompt lookup ({max_new_tokens} new tokens, each vs its own plain decoding)")
-        for c in ("benchmark", "ours speedup", "ours tau", "HF speedup", "HF tau", "identical"):
-            t.add_column(c)
-        result["pld_vs_hf"] = {}
-        for bench in pld_benchmarks:
-            qs = load_questions(bench, data, limit=pld_prompts)
-            prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
-            with console.status(f"pld vs HF prompt lookup on {bench}"):
-                res = _contest(tgt, prompts, max_new_tokens, {
-                    "ar": lambda p, n: _ours(tgt, p, n),
-                    "pld": lambda p, n: _ours(tgt, p, n, drafter),
-                    "hf": lambda p, n: _hf_generate(tgt, p, n),
-                    "hf_pl": lambda p, n: _hf_generate(tgt, p, n, prompt_lookup_num_tokens=10),
-                }, repeats=max(3, repeats // 2))
-            same = res["ar"]["outputs"] == res["pld"]["outputs"] == res["hf"]["outputs"] == res["hf_pl"]["outputs"]
-            row = {"ours_speedup": res["pld"]["tok_s"] / res["ar"]["tok_s"], "ours_tau": res["pld"]["tau"],
-                   "hf_speedup": res["hf_pl"]["tok_s"] / res["hf"]["tok_s"], "hf_tau": res["hf_pl"]["tau"],
-                   "pld_vs_hf_pl": res["pld"]["tok_s"] / res["hf_pl"]["tok_s"], "identical_outputs": same}
-            result["pld_vs_hf"][bench] = row
-            t.add_row(bench, f"{row['ours_speedup']:.2f}x", f"{row['ours_tau']:.2f}", f"{row['hf_speedup']:.2f}x",
-                      f"{row['hf_tau']:.2f}", str(same))
-        console.print(t)
+        result["pld_vs_hf"] = _speculative_contest(
+            tgt, "pld", PromptLookupDrafter(tgt), "HF prompt lookup", {"prompt_lookup_num_tokens": 10},
+            contest_benchmarks, contest_prompts, data, max_new_tokens, repeats, console)
+    if assisted:
+        from methods.sps import SpeculativeSampling
+
+        drafter = SpeculativeSampling(tgt, {"draft": assisted})
+        # HF's assisted generation as it ships: its assistant config (20 tokens, constant
+        # schedule, stop below 0.4 draft confidence) unless the draft model's own says otherwise.
+        result["sps_vs_hf_assisted"] = _speculative_contest(
+            tgt, "sps", drafter, "HF assisted generation", {"assistant_model": drafter.draft.model},
+            contest_benchmarks, contest_prompts, data, max_new_tokens, repeats, console)
+        result["sps_config"] = drafter.config
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -22,8 +22,8 @@ from harness.runs.results import default_run_dir
 from harness.runs.runner import RunConfig, Runner, check_settings, execute_grid, load_target, method_overrides
 
 DEFAULT_METHOD = "pld"
-# Papers' order (Medusa, Hydra, EAGLE, EAGLE-2, Gumiho); other methods follow by name.
-PAPER_ORDER = ("medusa", "hydra", "eagle", "eagle2", "gumiho")
+# Papers' order (SpS, Medusa, Hydra, EAGLE, EAGLE-2, Gumiho); other methods follow by name.
+PAPER_ORDER = ("sps", "medusa", "hydra", "eagle", "eagle2", "gumiho")
 
 
 @dataclass
@@ -36,6 +36,7 @@ class GridSpec:
     target: str = "smollm2-135m"
     dtype: str = "auto"
     device: str = "auto"
+    device_map: str | None = None      # see RunConfig
     limit: int | None = 10
     ids: list[int] | None = None
     max_new_tokens: int = 128
@@ -58,7 +59,8 @@ class GridSpec:
     def run_config(self, temperature: float, methods: list[str]) -> RunConfig:
         return RunConfig(
             methods=methods, benchmarks=self.benchmarks, target=self.target, dtype=self.dtype, device=self.device,
-            limit=self.limit, ids=self.ids, max_new_tokens=self.max_new_tokens, temperature=temperature,
+            device_map=self.device_map, limit=self.limit, ids=self.ids, max_new_tokens=self.max_new_tokens,
+            temperature=temperature,
             top_p=self.top_p, acceptance=None if temperature == 0 else self.acceptance, seed=self.seed,
             settings=self.settings, chat_template=self.chat_template, system_prompt=self.system_prompt,
             prompt_files=self.prompt_files)
@@ -67,7 +69,7 @@ class GridSpec:
         """The spec as meta.json stores it; the newer fields only when set, so older run folders
         keep their config hash and resume."""
         out = asdict(self)
-        for key in ("prompt_files", "typical"):
+        for key in ("prompt_files", "typical", "device_map"):
             if not out[key]:
                 del out[key]
         return out
@@ -216,11 +218,13 @@ def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target, 
 def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | None = None,
              console: Console | None = None, target=None, *, command: str = "compare",
              variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
-             train_steps: int = 0) -> Path:
+             train_steps: int = 0, ray: bool = False, ray_address: str | None = None, pack: bool = False) -> Path:
     """Run the grid into one run folder and return its path (resumes finished cells): one
     `Runner` per temperature through `execute_grid`, the path `cli.py run` takes too.
 
     User errors (benchmarks, options, settings, unknown methods) are raised before the target loads.
+    `ray`: the cells run as Ray tasks (harness/runs/distributed.py); `pack` lets untimed CPU cells
+    share a node, one CPU each.
     """
     from methods.registry import get_method
 
@@ -244,7 +248,14 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
         stray = [m for m in spec.typical if spec.methods is not None and m not in spec.methods]
         if stray:
             raise SpecbenchError(f"--typical {','.join(stray)}: not among --methods ({','.join(spec.methods or [])})")
-    if target is None:
+    if ray:
+        from harness.runs.distributed import ray_module
+
+        ray_module()  # not installed: one line, before anything loads
+    elif pack:
+        raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
+    # On Ray the workers load the target; the driver needs one only to find methods or check variants.
+    if target is None and (not ray or spec.methods is None or variants):
         target = load_target(spec.run_config(spec.temperatures[0], probe_methods), console)
     methods = spec.methods
     if methods is None:
@@ -265,13 +276,18 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
     config = {**request, "methods": methods}
     if ablation:
         config["ablation"] = ablation
+    if ray:
+        from harness.runs.distributed import execute_grid_on_ray
+
+        return execute_grid_on_ray(runners, config, ray_address, pack, console)
     return execute_grid(runners, config)
 
 
 def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out: Path | None = None,
                  data_dir: str | Path | None = None, console: Console | None = None, target=None,
-                 train_steps: int = 0) -> Path:
-    """`cli.py ablate`: the variants of `method` beside AR, on the grid of `spec`."""
+                 train_steps: int = 0, **ray: Any) -> Path:
+    """`cli.py ablate`: the variants of `method` beside AR, on the grid of `spec` (`ray`: run_grid's
+    ray, ray_address, pack)."""
     from methods.registry import get_method
 
     cls = get_method(method)
@@ -286,4 +302,4 @@ def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out:
     spec.methods = [method]
     spec.settings = {}
     return run_grid(spec, out, data_dir, console, target, command="ablate", variants=variants, ablation=ablation,
-                    train_steps=train_steps)
+                    train_steps=train_steps, **ray)

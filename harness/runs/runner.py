@@ -51,6 +51,7 @@ class RunConfig:
     target: str = "smollm2-135m"
     dtype: str = "auto"
     device: str = "auto"
+    device_map: str | None = None   # an accelerate strategy sharding the target over GPUs
     limit: int | None = None
     ids: list[int] | None = None
     max_new_tokens: int = 128
@@ -78,11 +79,12 @@ class RunConfig:
         return Sampling(self.temperature, self.top_p, self.acceptance)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as meta.json stores it; `prompt_files` only when there are some, so run
-        folders made before prompt files existed keep their config hash and resume."""
+        """The config as meta.json stores it; `prompt_files` and `device_map` only when set, so
+        run folders made before they existed keep their config hash and resume."""
         out = asdict(self)
-        if not out["prompt_files"]:
-            del out["prompt_files"]
+        for key in ("prompt_files", "device_map"):
+            if not out[key]:
+                del out[key]
         return out
 
     def files(self) -> dict[str, PromptFile]:
@@ -160,7 +162,7 @@ def load_target(cfg: RunConfig, console: Console) -> Target:
     if warn:
         console.print(f"[yellow]warning:[/] {warn}")
     with console.status(f"loading target {cfg.target}"):
-        return Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
+        return Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt, cfg.device_map)
 
 
 def build_slots(target: Target, classes: dict[str, type], cfg: RunConfig,
@@ -305,8 +307,7 @@ class Runner:
     # ------------------------------------------------------------------ the cells
     def run_cells(self, progress: Progress, task: TaskID, prefix: str = "") -> None:
         """Answer every cell not recorded yet, advancing `task` of `progress` once per answer;
-        summary.csv is rewritten after each benchmark."""
-        done = self.run_dir.done_keys()
+        summary.csv is rewritten after each benchmark. Methods take turns per prompt."""
         existing = {r["key"]: r for r in self.run_dir.records()}
         rotation = 0
         for bench, questions in self.questions.items():
@@ -314,33 +315,60 @@ class Runner:
                 # Keyed by config hash: variants of one method keep their own conversations.
                 histories: dict[str, list[dict]] = {s.config_hash: [] for s in self.slots}
                 for turn in range(len(q.turns)):
-                    seed = answer_seed(self.cfg.seed, bench, q.question_id, turn)
                     # Rotate the order per prompt so that machine drift favours no method.
                     order = self.slots[rotation % len(self.slots):] + self.slots[:rotation % len(self.slots)]
                     rotation += 1
                     for slot in order:
-                        messages = histories[slot.config_hash] + [{"role": "user", "content": q.turns[turn]}]
-                        probe = {"method": slot.name, "config_hash": slot.config_hash, "benchmark": bench,
-                                 "question_id": q.question_id, "turn": turn,
-                                 "temperature": float(self.cfg.temperature),
-                                 "acceptance": "none" if slot.drafter is None else self.cfg.acceptance,
-                                 "seed": seed, **self._prompt_file_fields(bench)}
-                        key = record_key(probe)
                         progress.update(task, description=f"{prefix}{bench} q{q.question_id} t{turn} "
                                                           f"{slot.label or slot.name}")
-                        if key in done:
-                            out_ids = existing[key]["output_ids"]
-                        else:
-                            prompt_ids = self.target.encode_chat(messages)
-                            g = self._answer(slot, prompt_ids, seed)
-                            rec = self._record(slot, q, turn, seed, prompt_ids, g)
+                        rec, histories[slot.config_hash] = self._turn(slot, q, turn, histories[slot.config_hash],
+                                                                      existing)
+                        if rec is not None:
                             self.run_dir.append(rec)
-                            out_ids = g.output_ids
-                        # Each method continues MT-Bench turn 2 from its own turn-1 answer.
-                        histories[slot.config_hash] = messages + [
-                            {"role": "assistant", "content": self.target.decode(out_ids).strip()}]
                         progress.advance(task)
             self.write_summary()
+
+    def cell_keys(self, slot: MethodSlot, bench: str) -> list[str]:
+        """Record keys of one cell (a slot on one benchmark: every question and turn)."""
+        return [record_key(self._probe(slot, bench, q.question_id, turn))
+                for q in self.questions[bench] for turn in range(len(q.turns))]
+
+    def cell_records(self, slot: MethodSlot, bench: str, existing: dict[str, dict]) -> list[dict]:
+        """Answer one cell's missing records in question and turn order and return them (the
+        caller appends: on Ray the driver is the one writer). `existing`: its finished records."""
+        out = []
+        for q in self.questions[bench]:
+            history: list[dict] = []
+            for turn in range(len(q.turns)):
+                rec, history = self._turn(slot, q, turn, history, existing)
+                if rec is not None:
+                    out.append(rec)
+        return out
+
+    def _probe(self, slot: MethodSlot, bench: str, question_id: int, turn: int) -> dict[str, Any]:
+        """The fields of an answer's record that make its key."""
+        return {"method": slot.name, "config_hash": slot.config_hash, "benchmark": bench,
+                "question_id": question_id, "turn": turn, "temperature": float(self.cfg.temperature),
+                "acceptance": "none" if slot.drafter is None else self.cfg.acceptance,
+                "seed": answer_seed(self.cfg.seed, bench, question_id, turn), **self._prompt_file_fields(bench)}
+
+    def _turn(self, slot: MethodSlot, q: Question, turn: int, history: list[dict],
+              existing: dict[str, dict]) -> tuple[dict | None, list[dict]]:
+        """One answer of `slot` to turn `turn` of `q` after its own `history`: (the new record, or
+        None when it was recorded already, and the history extended by this turn)."""
+        messages = history + [{"role": "user", "content": q.turns[turn]}]
+        probe = self._probe(slot, q.benchmark, q.question_id, turn)
+        key = record_key(probe)
+        rec = None
+        if key in existing:
+            out_ids = existing[key]["output_ids"]
+        else:
+            prompt_ids = self.target.encode_chat(messages)
+            g = self._answer(slot, prompt_ids, probe["seed"])
+            rec = self._record(slot, q, turn, probe["seed"], prompt_ids, g)
+            out_ids = g.output_ids
+        # Each method continues MT-Bench turn 2 from its own turn-1 answer.
+        return rec, messages + [{"role": "assistant", "content": self.target.decode(out_ids).strip()}]
 
     def warm_up(self) -> None:
         """One untimed short generation per method at this temperature, so no method pays for

@@ -1,0 +1,44 @@
+"""`cli.py bench` pieces that carry a claim: the weight bytes behind the bandwidth floor, and the
+contests against transformers (same outputs as plain decoding for every contender)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.runs.bench import _contest, _hf_generate, _ours, copy_bandwidth, weight_bytes
+from methods.sps import SpeculativeSampling
+from tests.test_exactness import prompts
+from tests.test_sps import perturbed_draft
+
+
+def test_weight_bytes_counts_each_tensor_once(tiny_target):
+    params = list(tiny_target.model.parameters())
+    assert weight_bytes(tiny_target) == sum(p.numel() * p.element_size() for p in params)
+    # Tying the LM head to the embedding must not count the shared matrix twice.
+    model = tiny_target.model
+    untied = model.lm_head.weight
+    model.lm_head.weight = model.model.embed_tokens.weight
+    try:
+        assert weight_bytes(tiny_target) == sum(p.numel() * p.element_size() for p in params) - untied.numel() * 4
+    finally:
+        model.lm_head.weight = untied
+
+
+def test_copy_bandwidth_is_a_plausible_rate():
+    bw = copy_bandwidth(torch.device("cpu"), megabytes=16, repeats=3)
+    assert 1e8 < bw < 1e13  # between 0.1 GB/s and 10 TB/s: a rate, not a unit slip
+
+
+def test_sps_and_hf_assisted_generation_agree_with_plain_decoding(tiny_target):
+    draft = perturbed_draft(tiny_target)
+    drafter = SpeculativeSampling(tiny_target, {"draft": "tiny", "gamma": 4}, draft=draft)
+    ps = prompts(tiny_target.vocab_size, n=3)
+    res = _contest(tiny_target, ps, 24, {
+        "ar": lambda p, n: _ours(tiny_target, p, n),
+        "ours": lambda p, n: _ours(tiny_target, p, n, drafter),
+        "hf": lambda p, n: _hf_generate(tiny_target, p, n),
+        "hf_spec": lambda p, n: _hf_generate(tiny_target, p, n, assistant_model=draft.model),
+    }, repeats=1)
+    assert res["ar"]["outputs"] == res["ours"]["outputs"] == res["hf"]["outputs"] == res["hf_spec"]["outputs"]
+    assert res["ours"]["tau"] > 1.0 and res["hf_spec"]["tau"] > 1.0
+    assert res["hf"]["tau"] == pytest.approx(1.0)

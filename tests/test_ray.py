@@ -1,0 +1,59 @@
+"""Sweeps on Ray (optional): a grid run as Ray tasks on a local Ray with two workers writes the
+same answers and τ as the single-process run into the same kind of run folder, and a worker killed
+mid-cell loses and duplicates nothing (Ray retries the cell; the driver is the one writer).
+Skipped, with the reason, where Ray is not installed (`pip install ray`)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is optional: pip install ray")
+
+from rich.console import Console  # noqa: E402
+
+from harness.runs.compare import GridSpec, run_grid  # noqa: E402
+from harness.runs.distributed import FAIL_ONCE_ENV  # noqa: E402
+from harness.runs.results import RunDir  # noqa: E402
+from tests.test_exactness import _timeless  # noqa: E402
+
+pytestmark = pytest.mark.smollm2
+
+
+def spec() -> GridSpec:
+    return GridSpec(methods=["pld", "eagle2"], benchmarks=["mt_bench", "gsm8k"], temperatures=[0.0], limit=2,
+                    max_new_tokens=32, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serial(shared_data, tmp_path_factory, smollm2_fp32):
+    out = run_grid(spec(), tmp_path_factory.mktemp("serial"), shared_data, Console(file=io.StringIO()), smollm2_fp32)
+    return {r["key"]: r for r in RunDir(out).records()}
+
+
+def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, serial, local_ray, monkeypatch):
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv(FAIL_ONCE_ENV, str(marker))  # the first cell to answer kills its worker once
+    out = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), ray=True, pack=True)
+    assert marker.exists(), "no worker was killed: the fault path went untested"
+    records = RunDir(out).records()
+    keys = [r["key"] for r in records]
+    assert len(keys) == len(set(keys)), "a retried cell duplicated records"
+    assert set(keys) == set(serial)
+    for r in records:
+        worker = r.pop("worker")
+        assert worker["threads"] == 1  # packed cells run one thread each
+        assert _timeless(r) == _timeless(serial[r["key"]]), f"{r['key']}: Ray answered otherwise"
+    meta = json.loads((out / "meta.json").read_text())
+    assert set(meta["config"]["methods_resolved"]) == {"ar", "pld", "eagle2"}
+    # Resuming the finished folder on Ray schedules nothing and changes nothing.
+    again = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), ray=True, pack=True)
+    assert [r["key"] for r in RunDir(again).records()] == keys
