@@ -15,8 +15,9 @@ How:
   the loop's generator is seeded per answer); t2 is the step's first token. (Not `generate(...,
   max_new_tokens=2)`: with room for one token no drafter proposes anything, and the check would be
   vacuous; a method that accepts a draft in < 10% of samples is reported "not exercised", not
-  passed.) The target forwards are memoised per distinct input (ForwardReplay), so a sample costs
-  about one draft. `--answer-prefix N` conditions on the prompt + the greedy answer's first N tokens,
+  passed.) Work that does not depend on the sample's random draws is done once: target forwards
+  per distinct input (ForwardReplay), a drafter's tree per root when it drew nothing from the
+  generator (RootMemo); what remains per sample is the acceptance rule and its draws. `--answer-prefix N` conditions on the prompt + the greedy answer's first N tokens,
   where pld has n-grams to match.
 - Test: Pearson chi-square; a lossless method must give p > 1e-3. A control replays EAGLE-2 with a
   deliberately biased rule ("no-residual": after a rejected draft the bonus is drawn from the
@@ -103,6 +104,39 @@ class ForwardReplay:
         for layer, (k, v) in zip(cache.layers, kv):
             layer.update(k, v)
         return entry
+
+
+class RootMemo:
+    """A drafter as the check uses it (one speculative step per sample): `begin` + `propose` run
+    once per root when `propose` draws nothing from the sample's generator, since the tree is then
+    a function of the prompt and the root alone (top-k trees, pld), and once per sample otherwise
+    (EAGLE-1 samples its children at T > 0). Whether the generator was used is checked on every
+    call, from its state, so no drafter is assumed deterministic. Nothing follows the step, so
+    `observe` has nothing to update."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.trees: dict[int, object] = {}
+        self.pending = None
+        self.computed = self.reused = 0
+
+    def begin(self, prompt, prefill, root: int) -> None:
+        self.pending = (prompt, prefill, root)
+
+    def propose(self, ctx):
+        if ctx.root in self.trees:
+            self.reused += 1
+            return self.trees[ctx.root]
+        self.drafter.begin(*self.pending)
+        before = ctx.generator.get_state() if ctx.generator is not None else None
+        tree = self.drafter.propose(ctx)
+        self.computed += 1
+        if before is None or torch.equal(before, ctx.generator.get_state()):
+            self.trees[ctx.root] = tree
+        return tree
+
+    def observe(self, step) -> None:
+        pass
 
 
 @torch.inference_mode()
@@ -196,7 +230,7 @@ def main() -> int:
         target.forward = replay = ForwardReplay(target, prompt)
         runs = [(m, False) for m in args.methods.split(",")] + [("eagle2", True)]
         for method, biased in runs:
-            drafter = None if method == "ar" else get_method(method).create(target, {})
+            drafter = None if method == "ar" else RootMemo(get_method(method).create(target, {}))
             real_rule = verify_module.verify_lossless
             if biased:
                 verify_module.verify_lossless = no_residual_rule
@@ -218,6 +252,7 @@ def main() -> int:
                          "samples_with_accepted_draft": accepted, "verdict": verdict,
                          "answer_prefix_tokens": args.answer_prefix,
                          "target_forwards": {"computed": replay.computed, "replayed": replay.replayed},
+                         "drafts": None if drafter is None else {"computed": drafter.computed, "reused": drafter.reused},
                          "seconds": round(time.perf_counter() - t0, 1)})
             replay.computed = replay.replayed = 0
             print(f"{b:10s} {name:36s} chi2 {stat:8.2f} df {df:3d} p {p:.3g} accepted-in-step {accepted:5d} "
