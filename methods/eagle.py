@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from harness.core.cost_model import TreeSizer, verify_cost_curve
 from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [0, 0, 0],
                [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0], [0, 0, 0, 0],
                [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
+
+
+# total_tokens "auto" keeps at most this many draft nodes (the cost curve is measured up to 64 tokens).
+AUTO_MAX_NODES = 63
 
 
 class EagleCore(LearnedDrafter):
@@ -54,6 +59,7 @@ class EagleCore(LearnedDrafter):
         self.to(device=target.device)
         self._cache = None
         self._last: torch.Tensor | None = None   # draft output at the last committed position
+        self._sizer: TreeSizer | None = None       # total_tokens "auto" (EAGLE-2, Gumiho)
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -83,6 +89,8 @@ class EagleCore(LearnedDrafter):
         nxt = torch.cat([prompt[1:], torch.tensor([root])]).to(self.target.device)
         out = self.draft_forward(nxt, prefill.hidden, torch.arange(n, device=self.target.device))
         self._last = out[-1]
+        if self._sizer is not None:
+            self._sizer.reset()
 
     @torch.inference_mode()
     def observe(self, step: Acceptance) -> None:
@@ -91,6 +99,19 @@ class EagleCore(LearnedDrafter):
         start = self._cache.length
         out = self.draft_forward(toks, step.hidden, torch.arange(start, start + toks.numel(), device=toks.device))
         self._last = out[-1]
+        if self._sizer is not None:
+            self._sizer.observe(step.accepted)
+
+    def tree_budget(self, scores: list[float]) -> int:
+        """Draft nodes a dynamic tree keeps out of candidates with these cumulative log-probs:
+        `total_tokens - 1`, or with total_tokens "auto" the size that pays most on this machine
+        (the verify cost curve measured here, the answer's own acceptance: harness/core/cost_model)."""
+        total = self.config["total_tokens"]
+        if total != "auto":
+            return int(total) - 1
+        if self._sizer is None:
+            self._sizer = TreeSizer(verify_cost_curve(self.target), max_keep=AUTO_MAX_NODES)
+        return self._sizer.budget(sorted(scores, reverse=True))
 
     def tree_mask(self, committed: int, ancestors: list[list[int]], n_tree_rows: int) -> torch.Tensor:
         """Boolean [q, committed + n_tree_rows + q]: all committed rows, the listed ancestor rows

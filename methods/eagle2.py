@@ -36,7 +36,7 @@ class Eagle2(EagleCore):
         # the extra nodes of a 60-token tree rarely pay. Official: top_k 10, depth 5, total 60.
         "top_k": 8,
         "depth": 4,
-        "total_tokens": 32,
+        "total_tokens": 32,  # or "auto": sized per step from this machine's verify cost curve
     }
 
     @torch.inference_mode()
@@ -67,4 +67,4 @@ class Eagle2(EagleCore):
             beam_feat = out[[b // k for b in best]]
         self._cache.crop_to(committed)
         self.last_pool_size = len(pool)  # k + depth * k^2 (tests check it)
-        return build_tree(ctx.root, pool.select(self.config["total_tokens"] - 1, ctx.max_nodes))
+        return build_tree(ctx.root, pool.select(self.tree_budget(pool.scores), ctx.max_nodes))

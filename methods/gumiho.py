@@ -190,7 +190,7 @@ class Gumiho(EagleCore):
             beams = [(cid, beams[bi][1], pool.scores[cid]) for cid, (bi, _) in zip(ids, picked)]
         self.last_pool_size = len(pool)
         # 5. Rerank to the budget, then full tree attention.
-        budget = cfg["total_tokens"] - 1
+        budget = self.tree_budget(pool.scores)
         nodes = pool.select(budget, ctx.max_nodes)
         if cfg["fta"] == "exact":
             nodes = fta_exact(nodes, budget)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.core.cost_model import interpolate
 from harness.core.tree import DraftTree
 from methods.base import Drafter
 
@@ -24,18 +25,6 @@ COST_CURVES = {
     "bfloat16": [[1, 1.0], [2, 1.05], [4, 1.08], [8, 1.11], [16, 1.18], [32, 1.29], [64, 1.61]],
     "float16": [[1, 1.0], [2, 1.02], [4, 1.04], [8, 1.06], [16, 1.1], [32, 1.2], [64, 1.4]],
 }
-
-
-def interpolate(curve: list[list[float]], k: int) -> float:
-    """Piecewise-linear cost of a k-token forward; beyond the last point, linear extrapolation."""
-    pts = sorted((float(a), float(b)) for a, b in curve)
-    if k <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if k <= x1:
-            return y0 + (y1 - y0) * (k - x0) / (x1 - x0)
-    (x0, y0), (x1, y1) = pts[-2], pts[-1]
-    return y1 + (y1 - y0) * (k - x1) / (x1 - x0)
 
 
 def best_chain_length(accept_rate: float, curve: list[list[float]], k_max: int) -> int:

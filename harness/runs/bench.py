@@ -23,46 +23,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from harness.core.cost_model import forward_cost_ms, median_ms
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.target import Target
-from harness.core.tree import DraftTree
 from harness.runs.benchmarks import load_questions, resolve_data_dir
 from harness.runs.results import collect_meta, load_average_warning
-
-
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-@torch.inference_mode()
-def cost_curve(target: Target, contexts: list[int], sizes: list[int], repeats: int) -> dict[int, dict[int, float]]:
-    """{context: {k: ms}} for one forward of k chain-tree tokens on top of `context` cached tokens."""
-    g = torch.Generator().manual_seed(0)
-    out: dict[int, dict[int, float]] = {}
-    for ctx in contexts:
-        prefix = torch.randint(0, target.vocab_size, (ctx,), generator=g)
-        cache = target.new_cache(capacity=ctx + max(sizes) + 8)
-        target.forward(prefix, cache, logits="none")
-        out[ctx] = {}
-        for k in sizes:
-            tree = DraftTree.chain(1, torch.randint(0, target.vocab_size, (k - 1,), generator=g))
-
-            def step() -> None:
-                if k == 1:
-                    target.forward(tree.tokens, cache)
-                else:
-                    target.forward(tree.tokens, cache, position_ids=ctx + tree.depths, tree_mask=tree.attention_mask)
-                cache.crop_to(ctx)
-
-            step()  # warm-up of this shape
-            out[ctx][k] = _median_ms(step, repeats)
-    return out
 
 
 def weight_bytes(target: Target) -> int:
@@ -87,7 +53,7 @@ def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5)
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    ms = _median_ms(copy, repeats)
+    ms = median_ms(copy, repeats)
     return 2 * src.numel() * src.element_size() / (ms / 1e3)
 
 
@@ -205,7 +171,7 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     console.print(f"memory-bandwidth floor of a decode step: {nbytes / 1e6:.0f} MB of weights / "
                   f"{bandwidth / 1e9:.1f} GB/s copy bandwidth = {floor_ms:.1f} ms ({1e3 / floor_ms:.0f} tok/s at most)")
     with console.status("cost curve"):
-        curve = cost_curve(tgt, contexts, sizes, repeats)
+        curve = forward_cost_ms(tgt, contexts, sizes, repeats)
     result["cost_curve_ms"] = curve
     table = Table(title=f"one forward of k tree tokens, {target} {dt_name}, {result['cpu_kind']}, "
                         f"{result['threads']} threads: ms (ratio to k=1)")

@@ -29,8 +29,8 @@ from harness.runs.benchmarks import verify_data_dir
 from harness.runs.runner import (
     PROGRESS_COLUMNS,
     MethodSlot,
-    Runner,
     RunConfig,
+    Runner,
     build_slots,
     load_target,
     resolved_methods,

@@ -1,0 +1,156 @@
+"""What a verify of k tree tokens costs on this machine, and the tree size that pays most.
+
+The cost of one cached forward of k tokens, as a ratio to a 1-token step, depends on the CPU kind
+and the dtype (README: a 32-token verify costs 1.3x a step in bf16 on Sapphire Rapids and 1.6x on
+an AMD EPYC), so a tree budget chosen on one machine is wrong on another. `verify_cost_curve`
+measures the curve on the target in use (a few seconds) and caches it per machine, thread count,
+target and dtype under $SPECBENCH_CACHE. `TreeSizer` then picks, every step, how many of a dynamic
+tree's ranked candidates to verify: the N maximising expected new tokens per unit of cost,
+(1 + c * sum_{i<N} exp(s_i)) / cost(N + 1), where s_i are the candidates' cumulative draft
+log-probs in rank order (exp(s_i) estimates the chance that candidate i lies on the accepted path,
+so the sum estimates the accepted drafts; EAGLE-2's own argument) and c calibrates that estimate
+against the drafts really accepted in this answer (Sequoia's hardware-aware sizing, per step).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from harness.core.tree import DraftTree
+
+CURVE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+CURVE_CONTEXT = 256
+
+
+def interpolate(curve: list[list[float]], k: int) -> float:
+    """Piecewise-linear cost of a k-token forward; beyond the last point, linear extrapolation."""
+    pts = sorted((float(a), float(b)) for a, b in curve)
+    if k <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if k <= x1:
+            return y0 + (y1 - y0) * (k - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return y1 + (y1 - y0) * (k - x1) / (x1 - x0)
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def forward_cost_ms(target, contexts: list[int], sizes: list[int], repeats: int) -> dict[int, dict[int, float]]:
+    """{context: {k: ms}}: median time of one forward of a k-token chain tree on top of `context`
+    cached tokens (random ids), the cache cropped back after each."""
+    g = torch.Generator().manual_seed(0)
+    out: dict[int, dict[int, float]] = {}
+    for ctx in contexts:
+        prefix = torch.randint(0, target.vocab_size, (ctx,), generator=g)
+        cache = target.new_cache(capacity=ctx + max(sizes) + 8)
+        target.forward(prefix, cache, logits="none")
+        out[ctx] = {}
+        for k in sizes:
+            tree = DraftTree.chain(1, torch.randint(0, target.vocab_size, (k - 1,), generator=g))
+
+            def step() -> None:
+                if k == 1:
+                    target.forward(tree.tokens, cache)
+                else:
+                    target.forward(tree.tokens, cache, position_ids=ctx + tree.depths, tree_mask=tree.attention_mask)
+                cache.crop_to(ctx)
+
+            step()  # warm-up: the first call of a shape pays for allocation
+            out[ctx][k] = median_ms(step, repeats)
+    return out
+
+
+def _cache_file(target) -> Path:
+    from harness.core.hardware import cpu_kind
+    from harness.core.hashing import config_hash
+    from harness.core.target import cache_root
+
+    where = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_kind()
+    key = {"machine": where, "threads": torch.get_num_threads(), "target": target.name,
+           "dtype": str(target.dtype), "torch": torch.__version__, "sizes": CURVE_SIZES, "context": CURVE_CONTEXT}
+    return cache_root() / "cost_curves" / f"{config_hash(key)}.json"
+
+
+def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
+    """[[k, cost(k) / cost(1)], ...] on `target` here, measured once per machine, thread count,
+    target and dtype, then read from $SPECBENCH_CACHE/cost_curves/."""
+    path = _cache_file(target)
+    if path.exists():
+        try:
+            return json.loads(path.read_text())["curve"]
+        except (ValueError, KeyError):
+            pass  # a torn or foreign file: measure again
+    ms = forward_cost_ms(target, [CURVE_CONTEXT], list(CURVE_SIZES), repeats)[CURVE_CONTEXT]
+    # A cost never falls as k grows: noise below an earlier size is clipped to it.
+    curve, floor = [], 0.0
+    for k in CURVE_SIZES:
+        floor = max(floor, ms[k] / ms[1])
+        curve.append([k, round(floor, 4)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"curve": curve, "ms": ms, "target": target.name, "dtype": str(target.dtype)}) + "\n")
+    os.replace(tmp, path)
+    return curve
+
+
+class TreeSizer:
+    """Per-step tree budget from a cost curve and the drafter's own acceptance (see the module).
+
+    `calibration` c starts at 1 (draft probabilities taken at face value) and moves to
+    accepted / predicted over the answer so far, with `prior_weight` pseudo-steps at 1, so that
+    results never depend on question order (reset by `begin` of every answer)."""
+
+    def __init__(self, curve: list[list[float]], max_keep: int, min_keep: int = 1, prior_weight: float = 4.0) -> None:
+        self.curve = curve
+        self.max_keep = max_keep
+        self.min_keep = min_keep
+        self.prior_weight = prior_weight
+        self.reset()
+
+    def reset(self) -> None:
+        self.predicted = self.accepted = self.prior_weight
+        self.pending = 0.0
+
+    @property
+    def calibration(self) -> float:
+        return self.accepted / self.predicted
+
+    def budget(self, ranked_scores: list[float]) -> int:
+        """How many of the candidates (cumulative log-probs, best first) to keep this step."""
+        c = self.calibration
+        probs = [math.exp(s) for s in ranked_scores[: self.max_keep]]
+        best_n, best_v, expected = self.min_keep, -1.0, 1.0
+        for n in range(len(probs) + 1):
+            if n:
+                expected += c * probs[n - 1]
+            if n < self.min_keep:
+                continue
+            v = expected / interpolate(self.curve, n + 1)
+            if v > best_v:
+                best_n, best_v = n, v
+        best_n = min(best_n, len(probs))
+        self.pending = sum(probs[:best_n])
+        return best_n
+
+    def observe(self, accepted: int) -> None:
+        """The drafts accepted from the tree of the last `budget` call."""
+        self.predicted += self.pending
+        self.accepted += accepted
+        self.pending = 0.0
