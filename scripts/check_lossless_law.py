@@ -212,6 +212,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--benchmarks", default=",".join(PROMPT_BENCHMARKS), help="whose first question is a prompt")
     ap.add_argument("--out", type=Path, default=None, help="write the p-values as JSON here (after every method)")
+    ap.add_argument("--no-control", action="store_true", help="skip the biased-rule control run")
     ap.add_argument("--answer-prefix", type=int, default=0,
                     help="condition on the prompt + the first N tokens of the greedy answer (gives pld n-grams to match)")
     args = ap.parse_args()
@@ -228,7 +229,7 @@ def main() -> int:
     for b, prompt in zip(benchmarks, prompts):
         law = exact_law(target, prompt, args.temperature, args.top_p)
         target.forward = replay = ForwardReplay(target, prompt)
-        runs = [(m, False) for m in args.methods.split(",")] + [("eagle2", True)]
+        runs = [(m, False) for m in args.methods.split(",")] + ([] if args.no_control else [("eagle2", True)])
         for method, biased in runs:
             drafter = None if method == "ar" else RootMemo(get_method(method).create(target, {}))
             real_rule = verify_module.verify_lossless

@@ -36,8 +36,9 @@ from harness.runs.runner import (
     resolved_methods,
 )
 
-# Set by tests only: a worker that answers the first record of a cell while this file is absent
-# creates it and dies (os._exit), as a killed machine would; Ray then retries the cell.
+# Set by tests only (in the driver's environment, passed to the tasks): a worker that answers the
+# first record of a cell while this file is absent creates it and dies (os._exit), as a killed
+# machine would; Ray then retries the cell.
 FAIL_ONCE_ENV = "SPECBENCH_RAY_FAIL_ONCE"
 TASK_RETRIES = 3
 
@@ -60,39 +61,52 @@ class Cell:
     benchmark: str
 
 
-def _worker_runner(cfg: RunConfig, out: str, data_dir: str | None, variants: dict | None, threads: int | None):
-    """A Runner in a worker with its own target (the worker's copy of the grid's runner)."""
+@dataclass(frozen=True)
+class GridRef:
+    """What every task needs to rebuild its runner: the run folder and data folder (absolute), the
+    ablation variants, and the driver's working directory (relative prompt-file paths resolve there)."""
+
+    out: str
+    data_dir: str | None
+    variants: dict | None
+    cwd: str
+
+
+def _worker_runner(cfg: RunConfig, grid: GridRef, threads: int | None):
+    """A Runner in a worker with its own target (the worker's copy of the grid's runner), in the
+    driver's working directory (relative prompt-file paths in the config resolve as there)."""
     import torch
 
+    if os.path.isdir(grid.cwd):  # a node of a cluster may not have the driver's folder
+        os.chdir(grid.cwd)
     if threads:
         torch.set_num_threads(threads)
     console = Console(stderr=True, quiet=True)
-    runner = Runner(cfg, Path(out), data_dir, console, variants=variants)
+    runner = Runner(cfg, Path(grid.out), grid.data_dir, console, variants=grid.variants)
     runner.target = load_target(cfg, console)
     return runner
 
 
-def resolve_task(cfg: RunConfig, out: str, data_dir: str | None, variants: dict | None) -> dict[str, Any]:
+def resolve_task(cfg: RunConfig, grid: GridRef) -> dict[str, Any]:
     """In a worker: build every slot once, for meta.json's `methods_resolved` and the slots' hashes."""
-    runner = _worker_runner(cfg, out, data_dir, variants, None)
-    slots = build_slots(runner.target, runner.classes, cfg, variants)
+    runner = _worker_runner(cfg, grid, None)
+    slots = build_slots(runner.target, runner.classes, cfg, grid.variants)
     return {"methods_resolved": resolved_methods(slots),
             "slots": [(s.name, s.label, s.config_hash, s.drafter is None) for s in slots]}
 
 
-def cell_task(cfg: RunConfig, out: str, data_dir: str | None, variants: dict | None, cell: Cell,
-              existing: dict[str, dict], threads: int | None) -> list[dict]:
+def cell_task(cfg: RunConfig, grid: GridRef, cell: Cell, existing: dict[str, dict], threads: int | None,
+              fail_marker: str | None = None) -> list[dict]:
     """In a worker: answer one cell's missing records (after a warm-up) and return them."""
     import torch
 
-    runner = _worker_runner(cfg, out, data_dir, variants, threads)
+    runner = _worker_runner(cfg, grid, threads)
     classes = {} if cell.method == "ar" else {cell.method: runner.classes[cell.method]}
-    mine = {cell.label: variants[cell.label]} if (variants and cell.method != "ar") else None
+    mine = {cell.label: grid.variants[cell.label]} if (grid.variants and cell.method != "ar") else None
     slots = build_slots(runner.target, classes, cfg, mine)
     slot = slots[0] if cell.method == "ar" else slots[1]
     runner.slots = [slot]
     runner.warm_up()
-    fail_marker = os.environ.get(FAIL_ONCE_ENV)
     if fail_marker and not Path(fail_marker).exists():
         runner._answer = _dying(runner._answer, Path(fail_marker))
     node = {"node": socket.gethostname(), "pid": os.getpid(), "threads": torch.get_num_threads()}
@@ -127,11 +141,11 @@ def execute_grid_on_ray(runners: list[Runner], config: dict[str, Any], address: 
         # every node of a cluster); without an address Ray starts a local one on this machine.
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
     node_cpus = max(1, int(min(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])))
-    data_dir = str(first.data_dir) if first.data_dir is not None else None
-    out = str(first.run_dir.path)
+    grid = GridRef(str(first.run_dir.path.resolve()),
+                   str(Path(first.data_dir).resolve()) if first.data_dir is not None else None,
+                   first.variants, os.getcwd())
     with console.status("building the drafters once, in a worker"):
-        resolved = ray.get(ray.remote(resolve_task).options(num_cpus=1).remote(
-            first.cfg, out, data_dir, first.variants))
+        resolved = ray.get(ray.remote(resolve_task).options(num_cpus=1).remote(first.cfg, grid))
     run_dir = first.run_dir
     run_dir.open({**config, "methods_resolved": resolved["methods_resolved"]})
     if first.data_dir is not None:
@@ -160,7 +174,7 @@ def execute_grid_on_ray(runners: list[Runner], config: dict[str, Any], address: 
         r = runners[cell.runner]
         opts, threads = _resources(r.cfg, pack, node_cpus)
         mine = {k: existing[k] for k in keys if k in existing}
-        ref = task.options(**opts).remote(r.cfg, out, data_dir, r.variants, cell, mine, threads)
+        ref = task.options(**opts).remote(r.cfg, grid, cell, mine, threads, os.environ.get(FAIL_ONCE_ENV))
         pending[ref] = (cell, keys)
     total = sum(len(k) for _, k in cells)
     with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
