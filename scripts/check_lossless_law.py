@@ -268,8 +268,10 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
     from harness.runs.results import collect_meta
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    # the options that shape the result; the two paths are this machine's, so they stay out
+    options = {k: v for k, v in vars(args).items() if k not in ("data_dir", "out")}
     args.out.write_text(json.dumps({"samples": args.samples, "temperature": args.temperature, "top_p": args.top_p,
-                                    "rows": rows, "meta": collect_meta()}, indent=1) + "\n")
+                                    "options": options, "rows": rows, "meta": collect_meta()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
             r["turn"] = 1
             r["key"] = record_key(r)
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    frame = statistics.turn_frame(load_run(path))
+    frame = statistics.turn_frame(statistics.turn_cells(load_run(path), resamples=0))
     for method in ("pld", "eagle"):
         line = frame[frame.method == method].iloc[0]
         for turn, qids in ((1, (100, 101)), (2, (102, 103))):
@@ -214,12 +214,14 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
             tau = sum(sum(r["steps"]["tokens"]) for r in mine) / sum(len(r["steps"]["tokens"]) for r in mine)
             assert line[f"turn{turn}_answers"] == 2 and line[f"turn{turn}_tau"] == pytest.approx(tau, abs=1e-4)
             assert line[f"turn{turn}_speedup"] > 0
-    written = [p.name for p in write_report(path, plots=False)]
+    written = [p.name for p in write_report(path)]
     assert "turns.md" in written and "Turn 2 τ" in (path / "tables" / "turns.md").read_text()
+    assert "turns.png" in written and "turns.svg" in written  # τ per turn, every method
     # no benchmark with two turns: no turn table
     single = write_run(tmp_path / "single", methods=("pld",), questions=2)
-    assert statistics.turn_frame(load_run(single)).empty
-    assert "turns.md" not in [p.name for p in write_report(single, plots=False)]
+    assert statistics.turn_cells(load_run(single)) is None
+    assert statistics.turn_frame(None).empty
+    assert not {"turns.md", "turns.png"} & {p.name for p in write_report(single)}
 
 
 # ----------------------------------------------------------------------------- files

@@ -258,8 +258,8 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
 
 
 def write_plots(stats: RunStats) -> list[Path]:
-    """Write plots/{speedup,tau,depth,time}.{png,svg} (+ ablation.*, + categories.* for prompt files
-    with several categories) for a run folder."""
+    """Write plots/{speedup,tau,depth,time}.{png,svg} (+ ablation.*, + turns.* where a benchmark has
+    several turns, + categories.* for prompt files with several categories) for a run folder."""
     run = stats.run
     if not run.rows:
         raise SpecbenchError(f"{run.path} holds AR records only: nothing to plot")
@@ -271,6 +271,10 @@ def write_plots(stats: RunStats) -> list[Path]:
                    ("depth", _depth_plot(run, stats.curves)), ("time", _time_plot(run, stats.cost))]
         if run.ablation:
             figures.append(("ablation", _ablation_plot(run, stats.cells)))
+        if stats.turn_cells is not None:
+            turns = stats.turn_cells
+            figures.append(("turns", _bars(run, turns.cells, "tau", "τ (tokens per verify step)", turns.columns,
+                                           turns.titles)))
         if stats.categories is not None:
             cat = stats.categories
             figures.append(("categories", _bars(run, cat.cells, "speedup", "Speedup over AR (×)", cat.columns,

@@ -21,8 +21,8 @@ from harness.core.errors import SpecbenchError
 from harness.runs.statistics import (
     CI_LEVEL,
     MEAN,
-    CategoryCells,
     Cell,
+    ColumnCells,
     Row,
     RunData,
     RunStats,
@@ -250,7 +250,7 @@ def _csv(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def category_frame(cat: CategoryCells) -> pd.DataFrame:
+def category_frame(cat: ColumnCells) -> pd.DataFrame:
     """Long form of the per-category table: one line per (row, category or mean)."""
     return main_frame(cat.cells).rename(columns={"benchmark": "category"})
 

@@ -251,19 +251,20 @@ def main_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> dict[Row, dict[str
 
 
 @dataclass
-class CategoryCells:
-    """Per row, τ and speedup per category of the user's prompt files that have several categories
-    (Spec-Bench reports its own file this way). Columns are `benchmark/category`, then the Mean of
-    the categories; `titles` are what tables and plots print for them."""
+class ColumnCells:
+    """Per row, τ and speedup over columns other than the benchmarks: the categories of a prompt
+    file (Spec-Bench reports its own file this way) or the turns of multi-turn benchmarks.
+    `titles` are what tables and plots print for the columns."""
 
     columns: list[str]
     titles: dict[str, str]
     cells: dict[Row, dict[str, Cell]]
 
 
-def category_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> CategoryCells | None:
-    """`CategoryCells` of the run, or None when no prompt file (records with `prompt_sha256`) has
-    two categories. Built-in benchmarks are left out: their table is the main one."""
+def category_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> ColumnCells | None:
+    """Per category (columns `benchmark/category`, then their Mean), or None when no prompt file
+    (records with `prompt_sha256`) has two categories. Built-in benchmarks are left out: their table
+    is the main one."""
     cats: dict[str, list[str]] = {}
     for rec in run.records:
         if rec.get("prompt_sha256"):
@@ -290,7 +291,7 @@ def category_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> CategoryCells 
         if MEAN in columns:
             by_col[MEAN] = _mean_cell(list(by_col.values()))
         out[row] = by_col
-    return CategoryCells(columns, titles, out)
+    return ColumnCells(columns, titles, out)
 
 
 # ----------------------------------------------------------------------------- frames
@@ -312,27 +313,40 @@ def main_frame(cells: dict[Row, dict[str, Cell]]) -> pd.DataFrame:
     return pd.DataFrame(lines).round({k: 4 for k in ("speedup", "speedup_lo", "speedup_hi", "tau", "tau_lo", "tau_hi")})
 
 
-def turn_frame(run: RunData) -> pd.DataFrame:
-    """Per (temperature, row), pooled over the benchmarks with more than one turn (MT-Bench): τ and
-    speedup of each turn. A later turn sees the earlier answers, which a lookup drafter can copy
-    from, so the turns can rank methods differently. Empty when no benchmark has two turns."""
+def turn_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> ColumnCells | None:
+    """Per turn (columns `turn1`, `turn2`, ...), pooled over the benchmarks with more than one turn
+    (MT-Bench). A later turn sees the earlier answers, which a lookup drafter can copy from, so the
+    turns can rank methods differently. None when no benchmark has two turns."""
     turns_of: dict[str, set[int]] = {}
     for rec in run.records:
         turns_of.setdefault(rec["benchmark"], set()).add(int(rec["turn"]))
     multi = {b for b, t in turns_of.items() if len(t) > 1}
     if not multi:
-        return pd.DataFrame()
+        return None
     turns = sorted(set().union(*(turns_of[b] for b in multi)))
+    columns = [f"turn{t + 1}" for t in turns]
     ar = ar_by_prompt(run.records)
-    lines = []
+    out: dict[Row, dict[str, Cell]] = {}
     for row in run.rows:
         recs = [r for r in run.row_records(row) if r["benchmark"] in multi]
+        out[row] = {f"turn{t + 1}": cell_stats([r for r in recs if int(r["turn"]) == t], ar,
+                                               (row.temperature, row.method, row.config_hash, row.acceptance,
+                                                "turn", t), resamples)
+                    for t in turns}
+    return ColumnCells(columns, {c: f"Turn {c[4:]}" for c in columns}, out)
+
+
+def turn_frame(turns: ColumnCells | None) -> pd.DataFrame:
+    """One line per row: answers, τ and speedup of each turn (empty without multi-turn benchmarks)."""
+    if turns is None:
+        return pd.DataFrame()
+    lines = []
+    for row, cells in turns.cells.items():
         line = _row_fields(row)
-        for t in turns:
-            cell = cell_stats([r for r in recs if int(r["turn"]) == t], ar,
-                              (row.temperature, row.method, row.config_hash, row.acceptance, "turn", t), resamples=0)
-            line.update({f"turn{t + 1}_answers": cell.answers, f"turn{t + 1}_tau": round(cell.tau, 4),
-                         f"turn{t + 1}_speedup": round(cell.speedup, 4)})
+        for col in turns.columns:
+            cell = cells[col]
+            line.update({f"{col}_answers": cell.answers, f"{col}_tau": round(cell.tau, 4),
+                         f"{col}_speedup": round(cell.speedup, 4)})
         lines.append(line)
     return pd.DataFrame(lines)
 
@@ -397,15 +411,17 @@ class RunStats:
     main: pd.DataFrame
     cost: pd.DataFrame
     depth: pd.DataFrame
-    turns: pd.DataFrame                  # empty when no benchmark has two turns
-    categories: CategoryCells | None = None   # prompt files with several categories (Spec-Bench's table)
+    turns: pd.DataFrame                  # turn_frame; empty when no benchmark has two turns
+    categories: ColumnCells | None = None    # prompt files with several categories (Spec-Bench's table)
+    turn_cells: ColumnCells | None = None    # multi-turn benchmarks, per turn (the turns plot)
 
 
 def compute_stats(run: RunData, resamples: int = N_BOOTSTRAP) -> RunStats:
     cells = main_cells(run, resamples)
     curves = depth_curves(run)
-    return RunStats(run, cells, curves, main_frame(cells), cost_frame(run), depth_frame(run, curves), turn_frame(run),
-                    category_cells(run, resamples))
+    turns = turn_cells(run, resamples)
+    return RunStats(run, cells, curves, main_frame(cells), cost_frame(run), depth_frame(run, curves),
+                    turn_frame(turns), category_cells(run, resamples), turns)
 
 
 def load_stats(run_dir: Path, resamples: int = N_BOOTSTRAP) -> RunStats:
