@@ -19,6 +19,7 @@ from harness.runs.results import RunDir  # noqa: E402
 from tests.test_exactness import _timeless  # noqa: E402
 
 pytestmark = pytest.mark.smollm2
+DIAGNOSTICS = ("ar_top1", "ar_gap")  # AR's top-1 logit and top-1/top-2 gap per position (near-tie accounting)
 
 
 def spec() -> GridSpec:
@@ -51,7 +52,13 @@ def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, seria
     for r in records:
         worker = r.pop("worker")
         assert worker["threads"] == 1  # packed cells run one thread each
-        assert _timeless(r) == _timeless(serial[r["key"]]), f"{r['key']}: Ray answered otherwise"
+        mine, theirs = _timeless(r), _timeless(serial[r["key"]])
+        # AR's logit diagnostics are float sums: one worker thread vs the serial run's two changes
+        # their rounding, so they match within float32 error; everything else (ids, steps) exactly
+        for field in DIAGNOSTICS:
+            a, b = mine.pop(field, None), theirs.pop(field, None)
+            assert (a is None) == (b is None) and (a is None or a == pytest.approx(b, rel=1e-4, abs=1e-3)), field
+        assert mine == theirs, f"{r['key']}: Ray answered otherwise"
     meta = json.loads((out / "meta.json").read_text())
     assert set(meta["config"]["methods_resolved"]) == {"ar", "pld", "eagle2"}
     # Resuming the finished folder on Ray schedules nothing and changes nothing.

@@ -168,13 +168,15 @@ def execute_grid_on_ray(runners: list[Runner], config: dict[str, Any], address: 
                     continue
                 seen.add(keys)
                 cells.append((Cell(i, name, label, bench), keys))
-    task = ray.remote(cell_task).options(max_retries=TASK_RETRIES, retry_exceptions=False)
+    task = ray.remote(cell_task)
     pending = {}
     for cell, keys in cells:
         r = runners[cell.runner]
         opts, threads = _resources(r.cfg, pack, node_cpus)
         mine = {k: existing[k] for k in keys if k in existing}
-        ref = task.options(**opts).remote(r.cfg, grid, cell, mine, threads, os.environ.get(FAIL_ONCE_ENV))
+        # one .options() call: Ray's options wrapper has no .options of its own
+        ref = task.options(max_retries=TASK_RETRIES, retry_exceptions=False, **opts).remote(
+            r.cfg, grid, cell, mine, threads, os.environ.get(FAIL_ONCE_ENV))
         pending[ref] = (cell, keys)
     total = sum(len(k) for _, k in cells)
     with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
