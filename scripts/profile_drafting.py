@@ -1,0 +1,174 @@
+"""Where a drafter's milliseconds go (issue 17): draft ms per step against the AR step of the same
+run, split into the drafter's parts, and the torch ops behind them.
+
+  python scripts/profile_drafting.py --data-dir ../shared/data [--methods eagle2,gumiho]
+      [--prompts 3] [--max-new-tokens 64] [--dtype bfloat16] [--ops 15] [--out profile.json]
+
+For each method: one warm-up answer, then the first-turn prompts of MT-Bench answered by AR and by
+the method, alternating, each timed by the loop's own clock (draft = propose + observe). The
+drafter's parts are timed by wrapping its own functions (inclusive ms per step; "rest" is the
+propose/observe time spent outside them: Python bookkeeping of the tree). Then one more answer runs
+under torch.profiler: the ops with the most self CPU time, and how many ops a step launches, which
+is what says overhead (many small ops) rather than arithmetic.
+Run it alone on the cores; it prints the CPU kind and thread count it measured with.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.target import Target  # noqa: E402
+from harness.runs.benchmarks import load_questions  # noqa: E402
+from harness.runs.results import collect_meta  # noqa: E402
+from methods.registry import get_method  # noqa: E402
+
+# (label, owner path from the drafter, attribute): the drafter functions timed as parts. Missing
+# ones are skipped, so one list serves every method.
+PARTS = [
+    ("draft layers", "", "draft_forward"),
+    ("prefix layer", "", "_prefix_step"),
+    ("MLP heads", "", "run_mlp"),
+    ("head hidden", "", "head_hidden"),
+    ("LM head + top-k", "vocab", "draft_topk"),
+    ("LM head logits", "vocab", "draft_logits"),
+    ("tree mask", "", "tree_mask"),
+]
+TOP = ("propose", "observe")
+
+
+class Clock:
+    """Inclusive seconds and calls per wrapped function; nested parts are kept apart by name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._depth = 0
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - t0
+                self.calls[label] += 1
+
+        setattr(owner, attr, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def instrument(drafter, clock: Clock) -> list[str]:
+    labels = []
+    for label, path, attr in PARTS:
+        owner = drafter if not path else getattr(drafter, path, None)
+        if owner is not None and callable(getattr(owner, attr, None)):
+            clock.wrap(owner, attr, label)
+            labels.append(label)
+    for attr in TOP:
+        clock.wrap(drafter, attr, attr)
+    return labels
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--methods", default="eagle2,gumiho,eagle,hydra,medusa")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--ops", type=int, default=15, help="rows of the op table (0: no torch.profiler pass)")
+    ap.add_argument("--set", action="append", default=[], help="METHOD.KEY=VALUE overrides (JSON values)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    target = Target.load(args.target, "cpu", args.dtype)
+    meta = collect_meta()
+    print(f"{meta['cpu_kind']}, {torch.get_num_threads()} threads, {args.target} {args.dtype}, "
+          f"commit {meta['commit'][:7]}{' (dirty)' if meta['dirty'] else ''}")
+    prompts = [target.encode_chat([{"role": "user", "content": q.turns[0]}])
+               for q in load_questions("mt_bench", args.data_dir, limit=args.prompts)]
+    cfg = GenerationConfig(args.max_new_tokens)
+    overrides: dict[str, dict] = defaultdict(dict)
+    for item in args.set:
+        key, value = item.split("=", 1)
+        method, key = key.split(".", 1)
+        overrides[method][key] = json.loads(value)
+    generate(target, prompts[0], GenerationConfig(16))  # warm-up of the target alone
+
+    report = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k not in ("data_dir", "out")},
+              "methods": {}}
+    for name in args.methods.split(","):
+        drafter = get_method(name).create(target, overrides.get(name, {}))
+        clock = Clock()
+        labels = instrument(drafter, clock)
+        generate(target, prompts[0], GenerationConfig(16), drafter)  # warm-up
+        clock.reset()
+        ar_steps, ar_ms, steps, draft_ms, verify_ms, tokens = 0, 0.0, 0, 0.0, 0.0, 0
+        for p in prompts:
+            ar = generate(target, p, cfg)
+            ar_steps += len(ar.verify_ms)
+            ar_ms += sum(ar.verify_ms) + sum(ar.draft_ms)
+            g = generate(target, p, cfg, drafter)
+            steps += len(g.draft_ms)
+            draft_ms += sum(g.draft_ms)
+            verify_ms += sum(g.verify_ms)
+            tokens += sum(g.tokens)
+        ar_step = ar_ms / ar_steps
+        parts = {lab: 1e3 * clock.seconds[lab] / steps for lab in labels if clock.calls[lab]}
+        calls = {lab: clock.calls[lab] / steps for lab in labels if clock.calls[lab]}
+        top = 1e3 * (clock.seconds["propose"] + clock.seconds["observe"]) / steps
+        parts["rest (Python, tree bookkeeping)"] = top - sum(parts.values())
+        row = {"steps": steps, "tau": tokens / steps, "ar_step_ms": ar_step, "draft_ms": draft_ms / steps,
+               "verify_ms": verify_ms / steps, "draft_over_ar_step": draft_ms / steps / ar_step,
+               "verify_over_ar_step": verify_ms / steps / ar_step, "parts_ms": parts, "calls_per_step": calls}
+        print(f"\n{name}: τ {row['tau']:.2f}; per step draft {row['draft_ms']:.2f} ms = "
+              f"{row['draft_over_ar_step']:.2f} AR step ({ar_step:.1f} ms), verify {row['verify_ms']:.1f} ms = "
+              f"{row['verify_over_ar_step']:.2f} AR step")
+        for lab, ms in parts.items():
+            extra = f"  ({calls[lab]:.1f} calls)" if lab in calls else ""
+            print(f"  {lab:34s} {ms:7.2f} ms{extra}")
+        if args.ops:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                g = generate(target, prompts[0], cfg, drafter)
+            n_steps = len(g.draft_ms)
+            events = prof.key_averages()
+            ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
+            # ops launched per step (drafting and verifying together; AR's own count beside it)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof_ar:
+                a = generate(target, prompts[0], cfg)
+            ar_ops = sum(e.count for e in prof_ar.key_averages() if e.key.startswith("aten::")) / len(a.verify_ms)
+            all_ops = sum(e.count for e in events if e.key.startswith("aten::")) / n_steps
+            row["aten_ops_per_step"] = all_ops
+            row["ar_aten_ops_per_step"] = ar_ops
+            row["top_ops"] = [{"op": e.key, "self_ms_per_step": e.self_cpu_time_total / 1e3 / n_steps,
+                               "calls_per_step": e.count / n_steps} for e in ops[: args.ops]]
+            print(f"  aten ops per step: {all_ops:.0f} (AR: {ar_ops:.0f}); top self CPU time per step:")
+            for o in row["top_ops"]:
+                print(f"    {o['op']:40s} {o['self_ms_per_step']:7.2f} ms  {o['calls_per_step']:6.1f} calls")
+        report["methods"][name] = row
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+    med = statistics.median(r["ar_step_ms"] for r in report["methods"].values())
+    print(f"\nAR step (median over the methods' runs): {med:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
