@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.draft_layers import DecoderStack  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
 from harness.runs.results import collect_meta  # noqa: E402
@@ -44,6 +45,15 @@ PARTS = [
     ("tree mask", "", "tree_mask"),
 ]
 TOP = ("propose", "observe")
+
+
+def uninstrument(drafter) -> None:
+    for _, path, attr in PARTS:
+        owner = drafter if not path else getattr(drafter, path, None)
+        if owner is not None and attr in vars(owner):
+            delattr(owner, attr)
+    for attr in TOP:
+        vars(drafter).pop(attr, None)
 
 
 class Clock:
@@ -73,6 +83,7 @@ class Clock:
 
 
 def instrument(drafter, clock: Clock) -> list[str]:
+    """Wrap the drafter's parts with `clock` (instance attributes: removed by `uninstrument`)."""
     labels = []
     for label, path, attr in PARTS:
         owner = drafter if not path else getattr(drafter, path, None)
@@ -94,6 +105,8 @@ def main() -> int:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--ops", type=int, default=15, help="rows of the op table (0: no torch.profiler pass)")
     ap.add_argument("--set", action="append", default=[], help="METHOD.KEY=VALUE overrides (JSON values)")
+    ap.add_argument("--both-layer-paths", action="store_true",
+                    help="measure drafters with attention layers twice: transformers' layers, then the fast decode path")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -113,8 +126,17 @@ def main() -> int:
 
     report = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k not in ("data_dir", "out")},
               "methods": {}}
+    runs = []
     for name in args.methods.split(","):
         drafter = get_method(name).create(target, overrides.get(name, {}))
+        stacks = [m for m in drafter.modules() if isinstance(m, DecoderStack)]
+        if args.both_layer_paths and stacks:
+            runs += [(f"{name} (transformers layers)", drafter, stacks, False), (name, drafter, stacks, True)]
+        else:
+            runs.append((name, drafter, stacks, True))
+    for name, drafter, stacks, fast in runs:
+        for stack in stacks:
+            stack.fast_decode = fast and stack.fast_decode_supported
         clock = Clock()
         labels = instrument(drafter, clock)
         generate(target, prompts[0], GenerationConfig(16), drafter)  # warm-up
@@ -162,6 +184,7 @@ def main() -> int:
             for o in row["top_ops"]:
                 print(f"    {o['op']:40s} {o['self_ms_per_step']:7.2f} ms  {o['calls_per_step']:6.1f} calls")
         report["methods"][name] = row
+        uninstrument(drafter)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -11,8 +11,13 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from harness.core.kvcache import KVCache
+
+# Layers whose decode step `_decode` reproduces: pre-norm attention (q/k/v/o, optional q/k/v
+# bias, RoPE) then a pre-norm SiLU-gated MLP. Others always take the transformers path.
+FAST_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
 
 
 class DecoderStack(nn.Module):
@@ -45,6 +50,11 @@ class DecoderStack(nn.Module):
             self.layers[0].input_layernorm = nn.Identity()
         self.num_layers = num_layers
         self.config = cfg
+        self.fast_decode_supported = getattr(cfg, "hidden_act", "silu") == "silu" and all(
+            type(layer).__name__ in FAST_LAYERS and getattr(layer.self_attn, "sliding_window", None) is None
+            for layer in self.layers)
+        self.fast_decode = self.fast_decode_supported  # off: always transformers' layers
+        self._fused: dict[int, tuple] = {}
 
     def new_cache(self, capacity: int = 1024) -> KVCache:
         return KVCache(self.num_layers, capacity)
@@ -54,6 +64,8 @@ class DecoderStack(nn.Module):
         """x: [B, T, H]; position_ids: [B, T]; mask: None (causal over cache + x) or a boolean
         [B, 1, T, S] mask, True where attention is allowed (boolean: dtype-agnostic under autocast)."""
         pos_emb = self.rotary_emb(x, position_ids=position_ids)
+        if cache is not None and self.fast_decode and not torch.is_grad_enabled() and x.shape[0] == 1:
+            return self.norm(self._decode(x, pos_emb, cache, mask))
         if mask is None and x.shape[1] > 1:
             past = cache.length if cache is not None else 0
             t = x.shape[1]
@@ -66,3 +78,55 @@ class DecoderStack(nn.Module):
             if isinstance(x, tuple):
                 x = x[0]
         return self.norm(x)
+
+    # ---- decoding fast path ---------------------------------------------------------------
+    def _fused_weights(self, i: int, layer: nn.Module) -> tuple:
+        """Layer i's q/k/v and gate/up weights (and biases) concatenated, so each is one matmul;
+        rebuilt when a weight is replaced or changed in place (load, cast, a training step)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+        key = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in parts)
+        hit = self._fused.get(i)
+        if hit is None or hit[0] != key:
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+            bias = None if attn.q_proj.bias is None else torch.cat([m.bias for m in qkv]).detach()
+            gate_up_bias = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
+            hit = (key, torch.cat([m.weight for m in qkv]).detach(), bias,
+                   torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                   None if gate_up_bias is None else gate_up_bias.detach())
+            self._fused[i] = hit
+        return hit[1:]
+
+    def _decode(self, x: torch.Tensor, pos_emb: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """The layers of `forward` for decoding (no autograd, batch 1, our cache): the same
+        arithmetic as transformers' layers, with the q/k/v and gate/up projections fused into one
+        matmul each and grouped-query attention done by SDPA on the cached K/V rows, where
+        transformers copies K/V once per query head whenever a mask is given (a draft tree always
+        has one). Drafting calls these layers a few times per step on a handful of rows, so their
+        fixed costs, not their arithmetic, are what a step pays (scripts/profile_drafting.py)."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, t, _ = x.shape
+        cos, sin = pos_emb
+        if mask is None and t > 1:  # causal over the cache + these rows
+            past = cache.length
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)[None, None]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            qkv_w, qkv_b, gate_up_w, gate_up_b = self._fused_weights(i, layer)
+            h = layer.input_layernorm(x)
+            q, k, v = F.linear(h, qkv_w, qkv_b).split(
+                [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features], dim=-1)
+            q = q.view(b, t, -1, attn.head_dim).transpose(1, 2)
+            k = k.view(b, t, -1, attn.head_dim).transpose(1, 2)
+            v = v.view(b, t, -1, attn.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys, values = cache.layers[i].update(k, v)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
+                                               enable_gqa=keys.shape[1] != q.shape[1])
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+            h = layer.post_attention_layernorm(x)
+            gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        return x
