@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.runs.bench import _contest, _hf_generate, _ours, copy_bandwidth, weight_bytes
+from harness.runs.bench import _contest, _hf_generate, _ours, copy_bandwidth, output_agreement, weight_bytes
 from methods.sps import SpeculativeSampling
 from tests.test_exactness import prompts
 from tests.test_sps import perturbed_draft
@@ -42,3 +42,10 @@ def test_sps_and_hf_assisted_generation_agree_with_plain_decoding(tiny_target):
     assert res["ar"]["outputs"] == res["ours"]["outputs"] == res["hf"]["outputs"] == res["hf_spec"]["outputs"]
     assert res["ours"]["tau"] > 1.0 and res["hf_spec"]["tau"] > 1.0
     assert res["hf"]["tau"] == pytest.approx(1.0)
+
+
+def test_output_agreement_names_the_pair_that_differs():
+    res = {n: {"outputs": [[1, 2, 3]]} for n in ("ar", "ours", "hf", "hf_spec")}
+    assert all(output_agreement(res).values())
+    res["hf_spec"] = {"outputs": [[1, 2, 4]]}
+    assert output_agreement(res) == {"ours_vs_ar": True, "hf_spec_vs_hf": False, "ar_vs_hf": True}
