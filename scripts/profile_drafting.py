@@ -31,6 +31,7 @@ from harness.core.draft_layers import DecoderStack  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
 from harness.runs.results import collect_meta  # noqa: E402
+from harness.runs.runner import method_overrides, parse_settings  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 
 # (label, owner path from the drafter, attribute): the drafter functions timed as parts. Missing
@@ -47,24 +48,16 @@ PARTS = [
 TOP = ("propose", "observe")
 
 
-def uninstrument(drafter) -> None:
-    for _, path, attr in PARTS:
-        owner = drafter if not path else getattr(drafter, path, None)
-        if owner is not None and attr in vars(owner):
-            delattr(owner, attr)
-    for attr in TOP:
-        vars(drafter).pop(attr, None)
-
-
 class Clock:
     """Inclusive seconds and calls per wrapped function; nested parts are kept apart by name."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self._depth = 0
+        self._wrapped: list[tuple[object, str]] = []
 
     def wrap(self, owner, attr: str, label: str) -> None:
+        """Time `owner.attr` under `label` (an instance attribute shadowing the method)."""
         fn = getattr(owner, attr)
 
         def timed(*args, **kwargs):
@@ -76,6 +69,13 @@ class Clock:
                 self.calls[label] += 1
 
         setattr(owner, attr, timed)
+        self._wrapped.append((owner, attr))
+
+    def unwrap(self) -> None:
+        """Put the wrapped methods back."""
+        for owner, attr in reversed(self._wrapped):
+            delattr(owner, attr)
+        self._wrapped.clear()
 
     def reset(self) -> None:
         self.seconds.clear()
@@ -83,7 +83,7 @@ class Clock:
 
 
 def instrument(drafter, clock: Clock) -> list[str]:
-    """Wrap the drafter's parts with `clock` (instance attributes: removed by `uninstrument`)."""
+    """Wrap the drafter's parts with `clock` (undone by `clock.unwrap()`)."""
     labels = []
     for label, path, attr in PARTS:
         owner = drafter if not path else getattr(drafter, path, None)
@@ -104,7 +104,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--ops", type=int, default=15, help="rows of the op table (0: no torch.profiler pass)")
-    ap.add_argument("--set", action="append", default=[], help="METHOD.KEY=VALUE overrides (JSON values)")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE or METHOD.KEY=VALUE, as the CLI's --set")
     ap.add_argument("--both-layer-paths", action="store_true",
                     help="measure drafters with attention layers twice: transformers' layers, then the fast decode path")
     ap.add_argument("--out", type=Path, default=None)
@@ -117,18 +117,20 @@ def main() -> int:
     prompts = [target.encode_chat([{"role": "user", "content": q.turns[0]}])
                for q in load_questions("mt_bench", args.data_dir, limit=args.prompts)]
     cfg = GenerationConfig(args.max_new_tokens)
-    overrides: dict[str, dict] = defaultdict(dict)
-    for item in args.set:
-        key, value = item.split("=", 1)
-        method, key = key.split(".", 1)
-        overrides[method][key] = json.loads(value)
+    settings = parse_settings(args.set)
     generate(target, prompts[0], GenerationConfig(16))  # warm-up of the target alone
 
     report = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k not in ("data_dir", "out")},
               "methods": {}}
+    ar_ops = 0.0
+    if args.ops:  # aten ops of an AR step, for the ops-per-step figure of every method
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof_ar:
+            a = generate(target, prompts[0], cfg)
+        ar_ops = sum(e.count for e in prof_ar.key_averages() if e.key.startswith("aten::")) / len(a.verify_ms)
     runs = []
     for name in args.methods.split(","):
-        drafter = get_method(name).create(target, overrides.get(name, {}))
+        cls = get_method(name)
+        drafter = cls.create(target, method_overrides(cls, settings, []))
         stacks = [m for m in drafter.modules() if isinstance(m, DecoderStack)]
         if args.both_layer_paths and stacks:
             runs += [(f"{name} (transformers layers)", drafter, stacks, False), (name, drafter, stacks, True)]
@@ -172,9 +174,6 @@ def main() -> int:
             events = prof.key_averages()
             ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
             # ops launched per step (drafting and verifying together; AR's own count beside it)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof_ar:
-                a = generate(target, prompts[0], cfg)
-            ar_ops = sum(e.count for e in prof_ar.key_averages() if e.key.startswith("aten::")) / len(a.verify_ms)
             all_ops = sum(e.count for e in events if e.key.startswith("aten::")) / n_steps
             row["aten_ops_per_step"] = all_ops
             row["ar_aten_ops_per_step"] = ar_ops
@@ -184,7 +183,7 @@ def main() -> int:
             for o in row["top_ops"]:
                 print(f"    {o['op']:40s} {o['self_ms_per_step']:7.2f} ms  {o['calls_per_step']:6.1f} calls")
         report["methods"][name] = row
-        uninstrument(drafter)
+        clock.unwrap()
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=1) + "\n")

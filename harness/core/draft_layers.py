@@ -64,14 +64,14 @@ class DecoderStack(nn.Module):
         """x: [B, T, H]; position_ids: [B, T]; mask: None (causal over cache + x) or a boolean
         [B, 1, T, S] mask, True where attention is allowed (boolean: dtype-agnostic under autocast)."""
         pos_emb = self.rotary_emb(x, position_ids=position_ids)
-        if cache is not None and self.fast_decode and not torch.is_grad_enabled() and x.shape[0] == 1:
-            return self.norm(self._decode(x, pos_emb, cache, mask))
         if mask is None and x.shape[1] > 1:
             past = cache.length if cache is not None else 0
             t = x.shape[1]
             allowed = torch.ones(t, past + t, dtype=torch.bool, device=x.device)
             allowed[:, past:] = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             mask = allowed[None, None]
+        if cache is not None and self.fast_decode and not torch.is_grad_enabled() and x.shape[0] == 1:
+            return self.norm(self._decode(x, pos_emb, cache, mask))
         for layer in self.layers:
             x = layer(x, attention_mask=mask, position_ids=position_ids, cache=cache,
                       use_cache=cache is not None, position_embeddings=pos_emb)
@@ -81,19 +81,20 @@ class DecoderStack(nn.Module):
 
     # ---- decoding fast path ---------------------------------------------------------------
     def _fused_weights(self, i: int, layer: nn.Module) -> tuple:
-        """Layer i's q/k/v and gate/up weights (and biases) concatenated, so each is one matmul;
-        rebuilt when a weight is replaced or changed in place (load, cast, a training step)."""
+        """Layer i's (q/k/v weight, bias, gate/up weight, bias), each group concatenated so it is one
+        matmul (bias None where the layer has none); rebuilt when a weight or bias is replaced or
+        changed in place (load, cast, a training step)."""
         attn, mlp = layer.self_attn, layer.mlp
-        parts = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
-        key = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in parts)
+        groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
+        tensors = [t for group in groups for m in group for t in (m.weight, m.bias) if t is not None]
+        key = tuple((t.data_ptr(), t._version, t.dtype) for t in tensors)
         hit = self._fused.get(i)
         if hit is None or hit[0] != key:
-            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
-            bias = None if attn.q_proj.bias is None else torch.cat([m.bias for m in qkv]).detach()
-            gate_up_bias = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
-            hit = (key, torch.cat([m.weight for m in qkv]).detach(), bias,
-                   torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-                   None if gate_up_bias is None else gate_up_bias.detach())
+            fused = []
+            for group in groups:
+                fused.append(torch.cat([m.weight for m in group]).detach())
+                fused.append(None if group[0].bias is None else torch.cat([m.bias for m in group]).detach())
+            hit = (key, *fused)
             self._fused[i] = hit
         return hit[1:]
 
@@ -109,9 +110,6 @@ class DecoderStack(nn.Module):
 
         b, t, _ = x.shape
         cos, sin = pos_emb
-        if mask is None and t > 1:  # causal over the cache + these rows
-            past = cache.length
-            mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)[None, None]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv_w, qkv_b, gate_up_w, gate_up_b = self._fused_weights(i, layer)

@@ -324,16 +324,16 @@ def turn_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> ColumnCells | None
     if not multi:
         return None
     turns = sorted(set().union(*(turns_of[b] for b in multi)))
-    columns = [f"turn{t + 1}" for t in turns]
+    columns = {f"turn{t + 1}": t for t in turns}
     ar = ar_by_prompt(run.records)
     out: dict[Row, dict[str, Cell]] = {}
     for row in run.rows:
         recs = [r for r in run.row_records(row) if r["benchmark"] in multi]
-        out[row] = {f"turn{t + 1}": cell_stats([r for r in recs if int(r["turn"]) == t], ar,
-                                               (row.temperature, row.method, row.config_hash, row.acceptance,
-                                                "turn", t), resamples)
-                    for t in turns}
-    return ColumnCells(columns, {c: f"Turn {c[4:]}" for c in columns}, out)
+        out[row] = {col: cell_stats([r for r in recs if int(r["turn"]) == t], ar,
+                                    (row.temperature, row.method, row.config_hash, row.acceptance, "turn", t),
+                                    resamples)
+                    for col, t in columns.items()}
+    return ColumnCells(list(columns), {col: f"Turn {t + 1}" for col, t in columns.items()}, out)
 
 
 def turn_frame(turns: ColumnCells | None) -> pd.DataFrame:
