@@ -26,6 +26,9 @@ DtypeOpt = Annotated[str, typer.Option(help="target dtype: auto | float32 | bflo
 DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda")]
 DeviceMapOpt = Annotated[Optional[str], typer.Option(
     help="auto: shard the target over every GPU (accelerate); the drafter sits with the LM head")]
+CompileOpt = Annotated[bool, typer.Option(
+    "--compile", help="compiled target runtime for AR and every method (torch.compile max-autotune; "
+    "the first run on a machine compiles for minutes)")]
 DataDirOpt = Annotated[Optional[Path], typer.Option(help="folder with <benchmark>/question.jsonl (default: $SPECBENCH_DATA)")]
 RunDirOpt = Annotated[Optional[Path], typer.Option(help="run folder (default results/runs/<config hash>)")]
 MaxNewTokensOpt = Annotated[int, typer.Option(help="new tokens per answer (per turn)")]
@@ -96,6 +99,7 @@ def run(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     device_map: DeviceMapOpt = None,
+    compile_: CompileOpt = False,
     limit: Annotated[Optional[int], typer.Option(help="N questions spread evenly over categories")] = None,
     ids: Annotated[Optional[str], typer.Option(help="explicit question ids, comma-separated")] = None,
     max_new_tokens: MaxNewTokensOpt = 128,
@@ -117,7 +121,7 @@ def run(
 
     names, files = parse_benchmarks(split_csv(benchmark))
     cfg = RunConfig(
-        methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device, device_map=device_map,
+        methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device, device_map=device_map, compile=compile_,
         limit=limit, ids=[int(i) for i in split_csv(ids)] if ids else None, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, acceptance=acceptance, seed=seed, checkpoint=checkpoint,
         settings=parse_settings(set_), chat_template=chat_template, system_prompt=system_prompt,
@@ -204,6 +208,7 @@ def compare(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     device_map: DeviceMapOpt = None,
+    compile_: CompileOpt = False,
     acceptance: GridAcceptanceOpt = None,
     typical: Annotated[Optional[str], typer.Option(
         help="methods that also run Medusa's typical rule (lossy, labelled) at each T > 0, e.g. medusa,hydra")] = None,
@@ -233,7 +238,7 @@ def compare(
 
     spec = grid_spec(methods=split_csv(methods) if methods else None, benchmarks=benchmarks, temperatures=temperature,
                      limit=limit, max_new_tokens=max_new_tokens, preset=preset, settings=set_, target=target,
-                     dtype=dtype, device=device, device_map=device_map, top_p=top_p, acceptance=acceptance,
+                     dtype=dtype, device=device, device_map=device_map, compile=compile_, top_p=top_p, acceptance=acceptance,
                      seed=seed, chat_template=chat_template, system_prompt=system_prompt,
                      typical=split_csv(typical) if typical else [])
     run_dir = run_grid(spec, out, data_dir, err, ray=ray, ray_address=ray_address, pack=pack)
@@ -439,6 +444,7 @@ def bench(
     contest_prompts: int = typer.Option(3, "--contest-prompts", "--pld-prompts", help="first-turn prompts per benchmark"),
     data_dir: DataDirOpt = None,
     out: Optional[Path] = typer.Option(None, help="write the results as JSON here"),
+    compile_: CompileOpt = False,
 ):
     """Cost curve of a k-token forward, our AR loop vs HF generate, (--pld) pld vs HF prompt lookup,
     (--assisted DRAFT) sps vs HF assisted generation."""
@@ -447,7 +453,8 @@ def bench(
     run_bench(target=target, dtype=dtype, device=device, contexts=[int(c) for c in split_csv(contexts)],
               sizes=[int(s) for s in split_csv(sizes)], repeats=repeats, ar_prompts=ar_prompts,
               max_new_tokens=max_new_tokens, pld=pld, contest_benchmarks=split_csv(contest_benchmarks),
-              contest_prompts=contest_prompts, data_dir=data_dir, out=out, console=console, assisted=assisted)
+              contest_prompts=contest_prompts, data_dir=data_dir, out=out, console=console, assisted=assisted,
+              compile_=compile_)
 
 
 @app.command()

@@ -81,3 +81,16 @@ def test_follow_up_file_errors_are_one_line(tmp_path):
     bad.write_text('{"text": "fine"}\n{"txt": "oops"}\n')
     with pytest.raises(SpecbenchError, match=r"bad.jsonl:2: malformed follow-up"):
         read_followups(bad)
+
+
+def test_token_ids_past_uint16_are_stored_with_four_bytes():
+    # Qwen2.5's vocabulary has 151,936 ids: 2-byte storage would wrap them silently.
+    from harness.train.distill import decode_ids, encode_ids, id_bytes, record_ids
+
+    assert id_bytes(49_152) == 2 and id_bytes(151_936) == 4
+    ids = [0, 65_535, 65_536, 151_643]
+    assert decode_ids(encode_ids(ids, 4), 4) == ids
+    assert record_ids({"response": encode_ids(ids, 4), "id_bytes": 4}) == ids
+    assert record_ids({"response": encode_ids([5, 65_535])}) == [5, 65_535]  # records without the key: 2 bytes
+    with pytest.raises(SpecbenchError, match="uint16"):
+        encode_ids(ids, 2)

@@ -11,13 +11,9 @@ import copy
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from harness.core.kvcache import KVCache
-
-# Layers whose decode step `_decode` reproduces: pre-norm attention (q/k/v/o, optional q/k/v
-# bias, RoPE) then a pre-norm SiLU-gated MLP. Others always take the transformers path.
-FAST_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
+from harness.core.layer_math import fuse_weights, fused_tensors, layer_step, layer_supported
 
 
 class DecoderStack(nn.Module):
@@ -50,9 +46,7 @@ class DecoderStack(nn.Module):
             self.layers[0].input_layernorm = nn.Identity()
         self.num_layers = num_layers
         self.config = cfg
-        self.fast_decode_supported = getattr(cfg, "hidden_act", "silu") == "silu" and all(
-            type(layer).__name__ in FAST_LAYERS and getattr(layer.self_attn, "sliding_window", None) is None
-            for layer in self.layers)
+        self.fast_decode_supported = all(layer_supported(layer, cfg) for layer in self.layers)
         self.fast_decode = self.fast_decode_supported  # off: always transformers' layers
         self._fused: dict[int, tuple] = {}
 
@@ -81,50 +75,21 @@ class DecoderStack(nn.Module):
 
     # ---- decoding fast path ---------------------------------------------------------------
     def _fused_weights(self, i: int, layer: nn.Module) -> tuple:
-        """Layer i's (q/k/v weight, bias, gate/up weight, bias), each group concatenated so it is one
-        matmul (bias None where the layer has none); rebuilt when a weight or bias is replaced or
-        changed in place (load, cast, a training step)."""
-        attn, mlp = layer.self_attn, layer.mlp
-        groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
-        tensors = [t for group in groups for m in group for t in (m.weight, m.bias) if t is not None]
-        key = tuple((t.data_ptr(), t._version, t.dtype) for t in tensors)
+        """Layer i's fused q/k/v and gate/up weights (harness/core/layer_math.py), rebuilt when a
+        weight or bias is replaced or changed in place (load, cast, a training step)."""
+        key = tuple((t.data_ptr(), t._version, t.dtype) for t in fused_tensors(layer))
         hit = self._fused.get(i)
         if hit is None or hit[0] != key:
-            fused = []
-            for group in groups:
-                fused.append(torch.cat([m.weight for m in group]).detach())
-                fused.append(None if group[0].bias is None else torch.cat([m.bias for m in group]).detach())
-            hit = (key, *fused)
+            hit = (key, *fuse_weights(layer))
             self._fused[i] = hit
         return hit[1:]
 
     def _decode(self, x: torch.Tensor, pos_emb: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        """The layers of `forward` for decoding (no autograd, batch 1, our cache): the same
-        arithmetic as transformers' layers, with the q/k/v and gate/up projections fused into one
-        matmul each and grouped-query attention done by SDPA on the cached K/V rows, where
-        transformers copies K/V once per query head whenever a mask is given (a draft tree always
-        has one). Drafting calls these layers a few times per step on a handful of rows, so their
-        fixed costs, not their arithmetic, are what a step pays (scripts/profile_drafting.py)."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        b, t, _ = x.shape
+        """The layers of `forward` for decoding (no autograd, batch 1, our cache), by the shared
+        layer arithmetic. Drafting calls these layers a few times per step on a handful of rows,
+        so their fixed costs, not their arithmetic, are what a step pays (scripts/profile_drafting.py)."""
         cos, sin = pos_emb
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            qkv_w, qkv_b, gate_up_w, gate_up_b = self._fused_weights(i, layer)
-            h = layer.input_layernorm(x)
-            q, k, v = F.linear(h, qkv_w, qkv_b).split(
-                [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features], dim=-1)
-            q = q.view(b, t, -1, attn.head_dim).transpose(1, 2)
-            k = k.view(b, t, -1, attn.head_dim).transpose(1, 2)
-            v = v.view(b, t, -1, attn.head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            keys, values = cache.layers[i].update(k, v)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
-                                               enable_gqa=keys.shape[1] != q.shape[1])
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-            h = layer.post_attention_layernorm(x)
-            gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+            x = layer_step(layer, self._fused_weights(i, layer), x, cos, sin, cache.layers[i].update, mask)
         return x

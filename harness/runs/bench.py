@@ -2,7 +2,9 @@
 
 1. Cost curve: time of one cached forward of k tree tokens at given context lengths, as ratios to
    k = 1 (what a tree budget costs here: the input for choosing tree sizes and pld's chain length).
-2. Our AR loop vs HF `generate` (greedy), same prompts, dtype and threads, both warmed up.
+2. Our AR loop vs HF `generate` (greedy), same prompts, dtype and threads, both warmed up; with
+   --compile also our AR loop on the compiled runtime (harness/core/compiled.py), which the
+   --pld / --assisted contests then use for our side.
 3. (--pld) our `pld` vs HF prompt lookup (`generate(prompt_lookup_num_tokens=10)`), and
    (--assisted DRAFT) our `sps` with that draft model vs HF assisted generation
    (`generate(assistant_model=...)`), each against its own stack's plain decoding, with tau for
@@ -91,6 +93,17 @@ def _ours(target: Target, ids: list[int], max_new: int, drafter=None) -> tuple[l
     return g.output_ids, g.wall_s, g.tau
 
 
+def _on_runtime(target: Target, runtime, fn):
+    """`fn` run with the target's compiled runtime set to `runtime` (None: eager)."""
+    def call(*args):
+        saved, target.runtime = target.runtime, runtime
+        try:
+            return fn(*args)
+        finally:
+            target.runtime = saved
+    return call
+
+
 def _contest(target: Target, prompts: list[list[int]], max_new: int, contenders: dict[str, Any],
              repeats: int) -> dict[str, dict[str, float]]:
     """Interleaved repeats: every round runs each contender once on every prompt; tok/s per round,
@@ -160,7 +173,8 @@ def _speculative_contest(tgt: Target, name: str, drafter, hf_name: str, hf_kwarg
 
 def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], sizes: list[int], repeats: int,
               ar_prompts: int, max_new_tokens: int, pld: bool, contest_benchmarks: list[str], contest_prompts: int,
-              data_dir: Path | None, out: Path | None, console: Console, assisted: str | None = None) -> dict[str, Any]:
+              data_dir: Path | None, out: Path | None, console: Console, assisted: str | None = None,
+              compile_: bool = False) -> dict[str, Any]:
     warn = load_average_warning()
     if warn:
         console.print(f"[yellow]warning:[/] {warn} — timings will be noisy")
@@ -168,9 +182,14 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         raise SpecbenchError("--sizes must include 1 (the ratios are taken against a 1-token step)")
     with console.status(f"loading {target}"):
         tgt = Target.load(target, device, dtype)
+    if compile_:
+        tgt.enable_compile()
+        if pld or assisted:
+            with console.status("compiling every row bucket up to 64 (minutes the first time on a machine)"):
+                tgt.runtime.warm_up(list(range(1, 65)))
     dt_name = str(tgt.dtype).replace("torch.", "")
     meta = collect_meta()
-    result: dict[str, Any] = {"target": target, "dtype": dt_name, "threads": torch.get_num_threads(),
+    result: dict[str, Any] = {"target": target, "dtype": dt_name, "threads": torch.get_num_threads(), "compile": compile_,
                               "cpu_kind": meta["cpu_kind"] if tgt.device.type == "cpu" else meta["gpu"], "meta": meta}
 
     with console.status("memory bandwidth"):
@@ -197,20 +216,33 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     if ar_prompts:
         qs = load_questions("mt_bench", data, limit=ar_prompts)
         prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
-        with console.status("AR loop vs HF generate"):
-            res = _contest(tgt, prompts, max_new_tokens, {
-                "ours": lambda p, n: _ours(tgt, p, n),
-                "hf": lambda p, n: _hf_generate(tgt, p, n),
-            }, repeats=max(3, repeats // 2))
+        contenders = {"ours": _on_runtime(tgt, None, lambda p, n: _ours(tgt, p, n)),
+                      "hf": _on_runtime(tgt, None, lambda p, n: _hf_generate(tgt, p, n))}
+        if tgt.runtime is not None:
+            contenders["ours_compiled"] = lambda p, n: _ours(tgt, p, n)
+        with console.status("AR loop vs HF generate" + (" (compiling first)" if compile_ else "")):
+            res = _contest(tgt, prompts, max_new_tokens, contenders, repeats=max(3, repeats // 2))
         same = res["ours"]["outputs"] == res["hf"]["outputs"]
         ratio = res["ours"]["tok_s"] / res["hf"]["tok_s"]
+        ceiling = result["floor"]["tok_s_ceiling"]
         result["ar_vs_hf"] = {"ours_tok_s": res["ours"]["tok_s"], "hf_tok_s": res["hf"]["tok_s"],
                               "ratio": ratio, "identical_outputs": same, "prompts": len(prompts),
-                              "max_new_tokens": max_new_tokens}
-        result["ar_vs_hf"]["floor_share"] = res["ours"]["tok_s"] / result["floor"]["tok_s_ceiling"]
+                              "max_new_tokens": max_new_tokens, "floor_share": res["ours"]["tok_s"] / ceiling}
         console.print(f"AR loop: ours {res['ours']['tok_s']:.2f} tok/s, HF generate {res['hf']['tok_s']:.2f} tok/s "
                       f"-> {ratio:.3f}x; identical outputs: {same}; "
                       f"{result['ar_vs_hf']['floor_share']:.0%} of the bandwidth ceiling")
+        if "ours_compiled" in res:
+            c = res["ours_compiled"]
+            result["ar_vs_hf"].update({
+                "compiled_tok_s": c["tok_s"], "compiled_vs_eager": c["tok_s"] / res["ours"]["tok_s"],
+                "compiled_vs_hf": c["tok_s"] / res["hf"]["tok_s"], "compiled_floor_share": c["tok_s"] / ceiling,
+                "compiled_identical_to_eager": c["outputs"] == res["ours"]["outputs"],
+                "compile_mode": tgt.runtime.mode})
+            a = result["ar_vs_hf"]
+            console.print(f"AR loop compiled ({tgt.runtime.mode}): {c['tok_s']:.2f} tok/s = "
+                          f"{a['compiled_vs_eager']:.2f}x eager, {a['compiled_vs_hf']:.2f}x HF generate; "
+                          f"identical to eager: {a['compiled_identical_to_eager']}; "
+                          f"{a['compiled_floor_share']:.0%} of the bandwidth ceiling")
 
     if pld:
         from methods.pld import PromptLookupDrafter

@@ -37,6 +37,7 @@ class GridSpec:
     dtype: str = "auto"
     device: str = "auto"
     device_map: str | None = None      # see RunConfig
+    compile: bool = False              # see RunConfig
     limit: int | None = 10
     ids: list[int] | None = None
     max_new_tokens: int = 128
@@ -59,7 +60,7 @@ class GridSpec:
     def run_config(self, temperature: float, methods: list[str]) -> RunConfig:
         return RunConfig(
             methods=methods, benchmarks=self.benchmarks, target=self.target, dtype=self.dtype, device=self.device,
-            device_map=self.device_map, limit=self.limit, ids=self.ids, max_new_tokens=self.max_new_tokens,
+            device_map=self.device_map, compile=self.compile, limit=self.limit, ids=self.ids, max_new_tokens=self.max_new_tokens,
             temperature=temperature,
             top_p=self.top_p, acceptance=None if temperature == 0 else self.acceptance, seed=self.seed,
             settings=self.settings, chat_template=self.chat_template, system_prompt=self.system_prompt,
@@ -69,7 +70,7 @@ class GridSpec:
         """The spec as meta.json stores it; the newer fields only when set, so older run folders
         keep their config hash and resume."""
         out = asdict(self)
-        for key in ("prompt_files", "typical", "device_map"):
+        for key in ("prompt_files", "typical", "device_map", "compile"):
             if not out[key]:
                 del out[key]
         return out

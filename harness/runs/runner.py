@@ -52,6 +52,7 @@ class RunConfig:
     dtype: str = "auto"
     device: str = "auto"
     device_map: str | None = None   # an accelerate strategy sharding the target over GPUs
+    compile: bool = False           # the compiled target runtime (harness/core/compiled.py)
     limit: int | None = None
     ids: list[int] | None = None
     max_new_tokens: int = 128
@@ -79,10 +80,10 @@ class RunConfig:
         return Sampling(self.temperature, self.top_p, self.acceptance)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as meta.json stores it; `prompt_files` and `device_map` only when set, so
-        run folders made before they existed keep their config hash and resume."""
+        """The config as meta.json stores it; `prompt_files`, `device_map` and `compile` only when
+        set, so run folders made before they existed keep their config hash and resume."""
         out = asdict(self)
-        for key in ("prompt_files", "device_map"):
+        for key in ("prompt_files", "device_map", "compile"):
             if not out[key]:
                 del out[key]
         return out
@@ -162,7 +163,10 @@ def load_target(cfg: RunConfig, console: Console) -> Target:
     if warn:
         console.print(f"[yellow]warning:[/] {warn}")
     with console.status(f"loading target {cfg.target}"):
-        return Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt, cfg.device_map)
+        target = Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt, cfg.device_map)
+    if cfg.compile:
+        target.enable_compile()
+    return target
 
 
 def build_slots(target: Target, classes: dict[str, type], cfg: RunConfig,
@@ -220,7 +224,8 @@ def execute_grid(runners: list[Runner], config: dict[str, Any]) -> Path:
     run_dir.open({**config, "methods_resolved": resolved_methods(slots)})
     if first.data_dir is not None:
         run_dir.write_extra({"data_dir": str(first.data_dir), "official_prompts": verify_data_dir(first.data_dir)})
-    with first.console.status("warming up"):
+    with first.console.status("warming up" + (" and compiling (minutes the first time on a machine)"
+                                              if target.runtime is not None else "")):
         for r in runners:
             r.warm_up()
     with Progress(*PROGRESS_COLUMNS, console=first.console, transient=False) as progress:
@@ -380,6 +385,11 @@ class Runner:
         for slot in self.slots:
             cfg = GenerationConfig(min(WARMUP_TOKENS, self.cfg.max_new_tokens), self.cfg.sampling(), seed=0)
             generate(self.target, ids, cfg, slot.drafter)
+        runtime = self.target.runtime
+        if runtime is not None and runtime.compiled_buckets:
+            # Every row bucket up to the largest the warm-up met (a tree shrinks near the token
+            # limit), so that no timed answer compiles.
+            runtime.warm_up(list(range(1, max(runtime.compiled_buckets) + 1)))
 
     def write_summary(self) -> pd.DataFrame:
         """Rewrite summary.csv from every record of the run folder; return it."""

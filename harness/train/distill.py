@@ -4,7 +4,8 @@
 sampling settings), then generates it shard by shard with batched, length-bucketed HF `generate`.
 Each finished shard is written atomically to `datasets/distill/<target>/shard-NNNNN.jsonl`, so an
 interrupted run resumes at the first missing shard and the work can be spread over several runs.
-Responses are stored as base64 little-endian uint16 token ids (~2.7 MB per million tokens);
+Responses are stored as base64 little-endian uint16 token ids (~2.7 MB per million tokens), or
+uint32 for a vocabulary past 65,536 ids (Qwen2.5's 151,936; such records say `"id_bytes": 4`);
 prompts are never stored: they are re-read from the prompt file by id.
 
 Prompt mix: the shared prompt file is 82% GSM8K math; the plan keeps every non-math prompt and
@@ -110,12 +111,24 @@ class Conversations:
         return msgs
 
 
-def encode_ids(ids: list[int]) -> str:
-    return base64.b64encode(np.asarray(ids, dtype="<u2").tobytes()).decode()
+def id_bytes(vocab_size: int) -> int:
+    """Bytes per stored token id: 2 while every id fits uint16 (the committed SmolLM2 data), else 4."""
+    return 2 if vocab_size <= 1 << 16 else 4
 
 
-def decode_ids(s: str) -> list[int]:
-    return np.frombuffer(base64.b64decode(s), dtype="<u2").astype(np.int64).tolist()
+def encode_ids(ids: list[int], width: int = 2) -> str:
+    if width == 2 and ids and max(ids) >= 1 << 16:
+        raise SpecbenchError(f"token id {max(ids)} does not fit uint16; store this vocabulary with 4-byte ids")
+    return base64.b64encode(np.asarray(ids, dtype=f"<u{width}").tobytes()).decode()
+
+
+def decode_ids(s: str, width: int = 2) -> list[int]:
+    return np.frombuffer(base64.b64decode(s), dtype=f"<u{width}").astype(np.int64).tolist()
+
+
+def record_ids(rec: dict) -> list[int]:
+    """The response token ids of a distilled record (2-byte ids unless it says otherwise)."""
+    return decode_ids(rec["response"], int(rec.get("id_bytes", 2)))
 
 
 def read_prompts(path: Path) -> dict[str, dict]:
@@ -208,7 +221,8 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
     manifest = {"target": target.name, "vocab_hash": target.vocab_hash(), "plan": plan.settings(),
                 "plan_hash": plan_hash, "jobs": len(jobs), "shard_size": plan.shard_size,
                 "dtype": str(target.dtype).replace("torch.", ""), "batch_size": batch_size,
-                "format": "jsonl; response = base64 little-endian uint16 token ids (EOS included when reached)"}
+                "format": "jsonl; response = base64 little-endian uint16 token ids (uint32 where a record "
+                          "has id_bytes 4; EOS included when reached)"}
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         if old.get("plan_hash") != plan_hash:
@@ -221,6 +235,8 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
         todo = todo[:max_shards]
     task = progress.add_task("distill", total=len(todo)) if progress else None
     made = 0
+    width = id_bytes(target.vocab_size)
+    wide = {"id_bytes": width} if width != 2 else {}
     for si in todo:
         t0 = time.perf_counter()
         lines = []
@@ -237,7 +253,7 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
                               "temperature": plan.temperature if sampled else 0.0,
                               "top_p": plan.top_p if sampled else 1.0, "seed": seed if sampled else None,
                               "max_new_tokens": plan.max_new_tokens, "stop": stop, "n": len(resp),
-                              "response": encode_ids(resp)})
+                              **wide, "response": encode_ids(resp, width)})
                 shard_tokens += len(resp)
         tmp = out_dir / f".shard-{si:05d}.tmp"
         tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -255,6 +271,7 @@ def load_distilled(out_dir: Path) -> list[dict]:
     for p in sorted(out_dir.glob("shard-*.jsonl")):
         for line in p.read_text().splitlines():
             r = json.loads(line)
-            r["response_ids"] = decode_ids(r.pop("response"))
+            r["response_ids"] = record_ids(r)
+            del r["response"]
             recs.append(r)
     return recs

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from harness.core.errors import SpecbenchError
 from harness.core.target import cache_root
-from harness.train.distill import Conversations, decode_ids, read_prompts
+from harness.train.distill import Conversations, read_prompts, record_ids
 
 
 def feature_dir(target, distill_dir: Path, manifest: dict | None = None) -> Path:
@@ -36,7 +36,7 @@ def _conversations(target, shard: Path, convs: Conversations) -> list[tuple[list
             prompt = target.encode_chat(convs.messages(rec))
         except SpecbenchError as e:
             raise SpecbenchError(f"{shard}: {e}") from None
-        out.append((prompt + decode_ids(rec["response"]), len(prompt)))
+        out.append((prompt + record_ids(rec), len(prompt)))
     return out
 
 
