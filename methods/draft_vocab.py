@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from harness.core.errors import SpecbenchError
+from harness.core.packed_linear import PackedLinear
 
 UNREACHABLE = 1 << 30  # the rank of a token a drafter can never propose
 
@@ -58,9 +59,10 @@ class DraftVocabHead(nn.Module):
             bias = getattr(head, "bias", None)
             t2d = torch.full((self.target.vocab_size,), -1, dtype=torch.long, device=ids.device)
             t2d[ids] = torch.arange(ids.numel(), device=ids.device)
-            self._cache = (key, head.weight.detach().index_select(0, ids),
-                           None if bias is None else bias.detach().index_select(0, ids), t2d)
-        return self._cache[1:]
+            w = head.weight.detach().index_select(0, ids)
+            b = None if bias is None else bias.detach().index_select(0, ids)
+            self._cache = (key, w, b, t2d, PackedLinear(w, b))
+        return self._cache[1:4]
 
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., n]: logits over the draft vocab (column j is target id draft_ids[j]),
@@ -68,8 +70,8 @@ class DraftVocabHead(nn.Module):
         h = hidden.to(self.target.dtype)
         if not self.size:
             return self.target.project(h)
-        w, b, _ = self._rows()
-        return torch.nn.functional.linear(h, w, b)
+        self._rows()
+        return self._cache[4](h)  # the rows packed once: a draft step projects a few rows per depth
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] logits over the full target vocab; ids outside the draft vocab get

@@ -20,6 +20,7 @@ from torch import nn
 from harness.core.cost_model import TreeSizer, verify_cost_curve
 from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError
+from harness.core.packed_linear import apply_linear
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import Level, walk_static_tree
 from harness.core.verify import processed_probs
@@ -67,7 +68,7 @@ class EagleCore(LearnedDrafter):
 
     def fuse(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """fc([emb(token) ; feature]); embedding first, as the released weights expect."""
-        return self.fc(torch.cat([self.target.embed(tokens).to(feats.dtype), feats], dim=-1))
+        return apply_linear(self.fc, torch.cat([self.target.embed(tokens).to(feats.dtype), feats], dim=-1))
 
     def draft_forward(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
                       mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from harness.core.packed_linear import apply_linear
 from harness.core.tree import DraftTree
 from harness.core.tree_build import CandidatePool, Node, build_tree
 from harness.train.losses import masked_smooth_l1
@@ -49,7 +50,7 @@ class NoResBlock(nn.Module):
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.linear(x))
+        return self.act(apply_linear(self.linear, x))
 
 
 class Gumiho(EagleCore):

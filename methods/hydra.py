@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from harness.core.draft_layers import DecoderStack
+from harness.core.packed_linear import apply_linear
 from harness.core.tree_build import Level, RankChildren
 from methods.heads import HEAD_DEFAULTS, HeadDrafter
 from methods.medusa import ResBlock
@@ -39,7 +40,7 @@ class ResBlockIn(nn.Module):
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.res_connection(x) + self.act(self.linear(x))
+        return apply_linear(self.res_connection, x) + self.act(apply_linear(self.linear, x))
 
 
 class HydraHead(nn.Module):

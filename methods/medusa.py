@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from harness.core.packed_linear import apply_linear
 from harness.core.tree_build import Level, RankChildren
 from methods.heads import HEAD_DEFAULTS, HeadDrafter
 
@@ -34,7 +35,7 @@ class ResBlock(nn.Module):
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.linear(x))
+        return x + self.act(apply_linear(self.linear, x))
 
 
 class Medusa(HeadDrafter):

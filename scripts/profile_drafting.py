@@ -3,6 +3,7 @@ run, split into the drafter's parts, and the torch ops behind them.
 
   python scripts/profile_drafting.py --data-dir ../shared/data [--methods eagle2,gumiho]
       [--prompts 3] [--max-new-tokens 64] [--dtype bfloat16] [--ops 15] [--out profile.json]
+      [--both-layer-paths] [--both-packings] [--compile]
 
 For each method: one warm-up answer, then the first-turn prompts of MT-Bench answered by AR and by
 the method, alternating, each timed by the loop's own clock (draft = propose + observe). The
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.draft_layers import DecoderStack  # noqa: E402
+from harness.core.packed_linear import set_packing  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
 from harness.runs.results import collect_meta  # noqa: E402
@@ -107,10 +109,16 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE or METHOD.KEY=VALUE, as the CLI's --set")
     ap.add_argument("--both-layer-paths", action="store_true",
                     help="measure drafters with attention layers twice: transformers' layers, then the fast decode path")
+    ap.add_argument("--both-packings", action="store_true",
+                    help="measure every method twice: weights unpacked (plain F.linear), then packed for oneDNN")
+    ap.add_argument("--compile", action="store_true", help="the target on the compiled runtime (AR and verify)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
     target = Target.load(args.target, "cpu", args.dtype)
+    if args.compile:
+        target.enable_compile()
+        target.runtime.warm_up(list(range(1, 65)))
     meta = collect_meta()
     print(f"{meta['cpu_kind']}, {torch.get_num_threads()} threads, {args.target} {args.dtype}, "
           f"commit {meta['commit'][:7]}{' (dirty)' if meta['dirty'] else ''}")
@@ -133,12 +141,14 @@ def main() -> int:
         drafter = cls.create(target, method_overrides(cls, settings, []))
         stacks = [m for m in drafter.modules() if isinstance(m, DecoderStack)]
         if args.both_layer_paths and stacks:
-            runs += [(f"{name} (transformers layers)", drafter, stacks, False), (name, drafter, stacks, True)]
-        else:
-            runs.append((name, drafter, stacks, True))
-    for name, drafter, stacks, fast in runs:
+            runs.append((f"{name} (transformers layers)", drafter, stacks, False, True))
+        if args.both_packings:
+            runs.append((f"{name} (unpacked weights)", drafter, stacks, True, False))
+        runs.append((name, drafter, stacks, True, True))
+    for name, drafter, stacks, fast, packing in runs:
         for stack in stacks:
             stack.fast_decode = fast and stack.fast_decode_supported
+        set_packing(packing)
         clock = Clock()
         labels = instrument(drafter, clock)
         generate(target, prompts[0], GenerationConfig(16), drafter)  # warm-up

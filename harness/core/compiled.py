@@ -67,7 +67,7 @@ class CompiledRuntime:
             raise SpecbenchError("--compile with a sharded target (--device-map) is not supported; drop one of them")
         self.target = target
         self.mode = mode
-        self.fused = [fuse_weights(layer) for layer in layers]
+        self.fused = [fuse_weights(layer, pack=False) for layer in layers]  # inductor packs its own
         attn = layers[0].self_attn
         self.kv_heads = target.config.num_key_value_heads
         self.head_dim = attn.head_dim

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from harness.core.kvcache import KVCache
-from harness.core.layer_math import fuse_weights, fused_tensors, layer_step, layer_supported
+from harness.core.layer_math import FusedWeights, fuse_weights, fused_tensors, layer_step, layer_supported
 
 
 class DecoderStack(nn.Module):
@@ -74,15 +74,15 @@ class DecoderStack(nn.Module):
         return self.norm(x)
 
     # ---- decoding fast path ---------------------------------------------------------------
-    def _fused_weights(self, i: int, layer: nn.Module) -> tuple:
-        """Layer i's fused q/k/v and gate/up weights (harness/core/layer_math.py), rebuilt when a
-        weight or bias is replaced or changed in place (load, cast, a training step)."""
+    def _fused_weights(self, i: int, layer: nn.Module) -> FusedWeights:
+        """Layer i's fused (and, on bf16 CPUs, packed) projections (harness/core/layer_math.py),
+        rebuilt when a weight or bias is replaced or changed in place (load, cast, a training step)."""
         key = tuple((t.data_ptr(), t._version, t.dtype) for t in fused_tensors(layer))
         hit = self._fused.get(i)
         if hit is None or hit[0] != key:
-            hit = (key, *fuse_weights(layer))
+            hit = (key, fuse_weights(layer))
             self._fused[i] = hit
-        return hit[1:]
+        return hit[1]
 
     def _decode(self, x: torch.Tensor, pos_emb: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
                 mask: torch.Tensor | None) -> torch.Tensor:

@@ -3,24 +3,38 @@ draft layers' fast path (harness/core/draft_layers.py) and the compiled target r
 (harness/core/compiled.py), so both compute exactly what transformers' layers compute.
 
 Differences from transformers' layer code, all of them about cost, none about the result: the
-q/k/v and gate/up projections are one matmul each (weights concatenated once), and grouped-query
-attention is done by SDPA on the K/V rows as stored (transformers copies K/V once per query head
-whenever a mask is given, and a draft tree always has one). tests/test_draft_layers.py and
+q/k/v and gate/up projections are one matmul each (weights concatenated once), every projection
+can take a weight packed once for oneDNN (harness/core/packed_linear.py; the compiled runtime
+leaves that to inductor), and grouped-query attention is done by SDPA on the K/V rows as stored
+(transformers copies K/V once per query head whenever a mask is given, and a draft tree always
+has one). tests/test_draft_layers.py and
 tests/test_compiled.py hold both users to transformers' layers within float32 rounding.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from harness.core.packed_linear import PackedLinear
+
 # Layers whose arithmetic `layer_step` reproduces: pre-norm attention (q/k/v/o, optional q/k/v
 # bias, RoPE) then a pre-norm SiLU-gated MLP. Others always take transformers' own path.
 FAST_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
 
-FusedWeights = tuple  # (q/k/v weight, bias | None, gate/up weight, bias | None)
+
+
+@dataclass
+class FusedWeights:
+    """A layer's four projections: q/k/v and gate/up each one matmul, then o and down."""
+
+    qkv: PackedLinear
+    o: PackedLinear
+    gate_up: PackedLinear
+    down: PackedLinear
 
 
 def layer_supported(layer: nn.Module, config) -> bool:
@@ -30,23 +44,24 @@ def layer_supported(layer: nn.Module, config) -> bool:
 
 
 def fused_tensors(layer: nn.Module) -> list[torch.Tensor]:
-    """The weights and biases `fuse_weights` concatenates (to key a cache of fused copies on)."""
+    """The weights and biases `fuse_weights` uses (to key a cache of fused copies on)."""
     return [t for group in _groups(layer) for m in group for t in (m.weight, m.bias) if t is not None]
 
 
-def fuse_weights(layer: nn.Module) -> FusedWeights:
-    """The layer's q/k/v and gate/up weights (and biases, None where it has none), each group
-    concatenated along the output dimension so it is one matmul."""
-    fused = []
+def fuse_weights(layer: nn.Module, pack: bool = True) -> FusedWeights:
+    """The layer's projections, q/k/v and gate/up each concatenated along the output dimension so
+    it is one matmul; `pack`: weights packed for oneDNN where that applies (not under compile)."""
+    maps = []
     for group in _groups(layer):
-        fused.append(torch.cat([m.weight for m in group]).detach())
-        fused.append(None if group[0].bias is None else torch.cat([m.bias for m in group]).detach())
-    return tuple(fused)
+        weight = torch.cat([m.weight for m in group]) if len(group) > 1 else group[0].weight
+        bias = None if group[0].bias is None else torch.cat([m.bias for m in group])
+        maps.append(PackedLinear(weight, bias, pack))
+    return FusedWeights(*maps)
 
 
-def _groups(layer: nn.Module) -> tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]]:
+def _groups(layer: nn.Module) -> tuple[tuple[nn.Module, ...], ...]:
     attn, mlp = layer.self_attn, layer.mlp
-    return (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+    return (attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,), (mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)
 
 
 KVStore = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -64,9 +79,8 @@ def layer_step(layer: nn.Module, fused: FusedWeights, x: torch.Tensor, cos: torc
 
     b, t, _ = x.shape
     attn = layer.self_attn
-    qkv_w, qkv_b, gate_up_w, gate_up_b = fused
     h = layer.input_layernorm(x)
-    q, k, v = F.linear(h, qkv_w, qkv_b).split(
+    q, k, v = fused.qkv(h).split(
         [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features], dim=-1)
     q = q.view(b, t, -1, attn.head_dim).transpose(1, 2)
     k = k.view(b, t, -1, attn.head_dim).transpose(1, 2)
@@ -75,7 +89,7 @@ def layer_step(layer: nn.Module, fused: FusedWeights, x: torch.Tensor, cos: torc
     keys, values = store(k, v)
     o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                        enable_gqa=keys.shape[1] != q.shape[1])
-    x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+    x = x + fused.o(o.transpose(1, 2).reshape(b, t, -1))
     h = layer.post_attention_layernorm(x)
-    gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
-    return x + layer.mlp.down_proj(F.silu(gate) * up)
+    gate, up = fused.gate_up(h).chunk(2, dim=-1)
+    return x + fused.down(F.silu(gate) * up)
