@@ -266,6 +266,7 @@ def ablate(
     target: TargetOpt = "smollm2-135m",
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
+    compile_: CompileOpt = False,
     acceptance: GridAcceptanceOpt = None,
     data_dir: DataDirOpt = None,
     limit: GridLimitOpt = None,
@@ -285,7 +286,7 @@ def ablate(
     from harness.runs.compare import run_ablation
 
     spec = grid_spec(methods=[method], benchmarks=benchmarks, temperatures=temperature, limit=limit,
-                     max_new_tokens=max_new_tokens, preset=preset, target=target, dtype=dtype, device=device,
+                     max_new_tokens=max_new_tokens, preset=preset, target=target, dtype=dtype, device=device, compile=compile_,
                      acceptance=acceptance, seed=seed)
     run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps,
                            ray=ray, ray_address=ray_address, pack=pack)

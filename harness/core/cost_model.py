@@ -85,12 +85,14 @@ def _cache_file(target) -> Path:
     where = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_kind()
     key = {"machine": where, "threads": torch.get_num_threads(), "target": target.name,
            "dtype": str(target.dtype), "torch": torch.__version__, "sizes": CURVE_SIZES, "context": CURVE_CONTEXT}
+    if getattr(target, "runtime", None) is not None:  # the compiled runtime has its own curve (padded buckets)
+        key["compiled"] = target.runtime.mode
     return cache_root() / "cost_curves" / f"{config_hash(key)}.json"
 
 
 def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
     """[[k, cost(k) / cost(1)], ...] on `target` here, measured once per machine, thread count,
-    target and dtype, then read from $SPECBENCH_CACHE/cost_curves/."""
+    target, dtype and runtime (eager or compiled), then read from $SPECBENCH_CACHE/cost_curves/."""
     path = _cache_file(target)
     if path.exists():
         try:
