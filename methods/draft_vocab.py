@@ -12,7 +12,7 @@ key `draft_ids`, as every checkpoint written before the head was split out names
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -21,6 +21,15 @@ from harness.core.errors import SpecbenchError
 from harness.core.packed_linear import PackedLinear
 
 UNREACHABLE = 1 << 30  # the rank of a token a drafter can never propose
+
+
+class VocabRows(NamedTuple):
+    """The LM-head rows of a draft vocabulary, derived once per set of ids."""
+
+    weight: torch.Tensor          # [n, H]
+    bias: torch.Tensor | None     # [n]
+    to_draft: torch.Tensor        # [V] target id -> draft index, or -1
+    linear: PackedLinear          # weight and bias, packed where that applies (drafting)
 
 
 class DraftVocabHead(nn.Module):
@@ -48,10 +57,9 @@ class DraftVocabHead(nn.Module):
             raise SpecbenchError(f"draft vocab needs {self.size} ids, got {ids.numel()}")
         self.draft_ids.copy_(ids.sort().values.to(self.draft_ids.device))
 
-    def _rows(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(LM-head rows of the draft vocab [n, H], their bias [n] or None, target id -> draft index
-        or -1 [V]), cached until the ids change (a checkpoint load or `set_draft_vocab` bumps the
-        buffer's version)."""
+    def _rows(self) -> VocabRows:
+        """The draft vocab's LM-head rows (`VocabRows`), cached until the ids change (a checkpoint
+        load or `set_draft_vocab` bumps the buffer's version) or the head does."""
         head = self.target.lm_head
         key = (self.draft_ids._version, self.draft_ids.data_ptr(), head.weight.dtype, head.weight.data_ptr())
         if self._cache is None or self._cache[0] != key:
@@ -61,8 +69,8 @@ class DraftVocabHead(nn.Module):
             t2d[ids] = torch.arange(ids.numel(), device=ids.device)
             w = head.weight.detach().index_select(0, ids)
             b = None if bias is None else bias.detach().index_select(0, ids)
-            self._cache = (key, w, b, t2d, PackedLinear(w, b))
-        return self._cache[1:4]
+            self._cache = (key, VocabRows(w, b, t2d, PackedLinear(w, b)))
+        return self._cache[1]
 
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., n]: logits over the draft vocab (column j is target id draft_ids[j]),
@@ -70,8 +78,7 @@ class DraftVocabHead(nn.Module):
         h = hidden.to(self.target.dtype)
         if not self.size:
             return self.target.project(h)
-        self._rows()
-        return self._cache[4](h)  # the rows packed once: a draft step projects a few rows per depth
+        return self._rows().linear(h)  # packed once: a draft step projects a few rows per depth
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] logits over the full target vocab; ids outside the draft vocab get
@@ -99,7 +106,7 @@ class DraftVocabHead(nn.Module):
         else:
             z = self.vocab_logits(hidden).float()
             if self.size:
-                labels = self._rows()[2][labels]
+                labels = self._rows().to_draft[labels]
         at = z.gather(-1, labels.clamp_min(0)[..., None])
         ranks = (z > at).sum(-1)
         return ranks.masked_fill(labels < 0, UNREACHABLE)
@@ -112,11 +119,11 @@ class DraftVocabHead(nn.Module):
 
         if not self.size:
             return frozen_head_ce(pred, self.target.lm_head.weight, mask, target_hidden=target_hidden, labels=labels)
-        w, _, t2d = self._rows()
+        rows = self._rows()
         if labels is not None:
-            labels = t2d[labels]
+            labels = rows.to_draft[labels]
             mask = mask * (labels >= 0).to(mask.dtype)
-        return frozen_head_ce(pred, w, mask, target_hidden=target_hidden, labels=labels)
+        return frozen_head_ce(pred, rows.weight, mask, target_hidden=target_hidden, labels=labels)
 
 
 # The drafter's attribute that holds its DraftVocabHead, and the key its ids are saved under.

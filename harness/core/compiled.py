@@ -79,8 +79,11 @@ class CompiledRuntime:
         rows = -(-(capacity + BUCKETS[-1]) // 256) * 256
         shape = (self.kv_heads, rows, self.head_dim)
         dev, dt = self.target.device, self.target.dtype
-        return RuntimeCache(*([torch.zeros(shape, dtype=dt, device=dev) for _ in range(self.target.num_layers)]
-                              for _ in range(2)))
+        keys, values = ([torch.zeros(shape, dtype=dt, device=dev) for _ in range(self.target.num_layers)]
+                        for _ in range(2))
+        for buf in (*keys, *values):  # their capacity varies per answer: one graph serves every size
+            torch._dynamo.mark_dynamic(buf, 1)
+        return RuntimeCache(keys, values)
 
     def handles(self, cache: KVCache, n: int) -> bool:
         return isinstance(cache, RuntimeCache) and bucket(n) is not None
@@ -104,8 +107,6 @@ class CompiledRuntime:
         write = torch.arange(start, start + nb, device=dev)
         mask = mask[None, None]
         torch._dynamo.mark_dynamic(mask, 3)
-        for buf in (*cache.keys, *cache.values):
-            torch._dynamo.mark_dynamic(buf, 1)
         self.compiled_buckets.add(nb)
         hidden, logits = self._compiled(ids_b.reshape(1, nb).to(dev), pos_b.reshape(1, nb).to(dev), write, mask,
                                         cache.keys, cache.values)

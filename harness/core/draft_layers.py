@@ -14,6 +14,7 @@ from torch import nn
 
 from harness.core.kvcache import KVCache
 from harness.core.layer_math import FusedWeights, fuse_weights, fused_tensors, layer_step, layer_supported
+from harness.core.packed_linear import tensors_key
 
 
 class DecoderStack(nn.Module):
@@ -77,7 +78,7 @@ class DecoderStack(nn.Module):
     def _fused_weights(self, i: int, layer: nn.Module) -> FusedWeights:
         """Layer i's fused (and, on bf16 CPUs, packed) projections (harness/core/layer_math.py),
         rebuilt when a weight or bias is replaced or changed in place (load, cast, a training step)."""
-        key = tuple((t.data_ptr(), t._version, t.dtype) for t in fused_tensors(layer))
+        key = tensors_key(fused_tensors(layer))
         hit = self._fused.get(i)
         if hit is None or hit[0] != key:
             hit = (key, fuse_weights(layer))

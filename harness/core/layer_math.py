@@ -7,8 +7,8 @@ q/k/v and gate/up projections are one matmul each (weights concatenated once), e
 can take a weight packed once for oneDNN (harness/core/packed_linear.py; the compiled runtime
 leaves that to inductor), and grouped-query attention is done by SDPA on the K/V rows as stored
 (transformers copies K/V once per query head whenever a mask is given, and a draft tree always
-has one). tests/test_draft_layers.py and
-tests/test_compiled.py hold both users to transformers' layers within float32 rounding.
+has one). tests/test_draft_layers.py and tests/test_compiled.py hold both users to transformers'
+layers within float32 rounding.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from harness.core.packed_linear import PackedLinear
 # Layers whose arithmetic `layer_step` reproduces: pre-norm attention (q/k/v/o, optional q/k/v
 # bias, RoPE) then a pre-norm SiLU-gated MLP. Others always take transformers' own path.
 FAST_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
-
 
 
 @dataclass

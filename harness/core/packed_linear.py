@@ -22,6 +22,12 @@ def set_packing(enabled: bool) -> None:
     _enabled = enabled
 
 
+def tensors_key(tensors) -> tuple:
+    """What identifies tensors as they are now: replaced (pointer), changed in place (version) or
+    cast (dtype) gives another key; the caches of packed or fused copies are keyed on it."""
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in tensors if t is not None)
+
+
 def packable(weight: torch.Tensor) -> bool:
     """bf16 weights on a CPU whose oneDNN has bf16 kernels."""
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
@@ -49,7 +55,7 @@ def apply_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rebuilt when the weight or bias is replaced or changed in place (a load, a cast, a training step)."""
     if not _enabled or torch.is_grad_enabled() or not packable(module.weight):
         return module(x)
-    key = tuple((t.data_ptr(), t._version, t.dtype) for t in (module.weight, module.bias) if t is not None)
+    key = tensors_key((module.weight, module.bias))
     hit = module.__dict__.get("_packed_linear")
     if hit is None or hit[0] != key:
         hit = (key, PackedLinear(module.weight, module.bias))
