@@ -27,8 +27,8 @@ DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda")]
 DeviceMapOpt = Annotated[Optional[str], typer.Option(
     help="auto: shard the target over every GPU (accelerate); the drafter sits with the LM head")]
 CompileOpt = Annotated[bool, typer.Option(
-    "--compile", help="compiled target runtime for AR and every method (torch.compile max-autotune; "
-    "the first run on a machine compiles for minutes)")]
+    "--compile", help="compiled runtime for the target (AR and every method) and the drafters' own "
+    "decoder layers (torch.compile max-autotune; the first run on a machine compiles for minutes)")]
 DataDirOpt = Annotated[Optional[Path], typer.Option(help="folder with <benchmark>/question.jsonl (default: $SPECBENCH_DATA)")]
 RunDirOpt = Annotated[Optional[Path], typer.Option(help="run folder (default results/runs/<config hash>)")]
 MaxNewTokensOpt = Annotated[int, typer.Option(help="new tokens per answer (per turn)")]

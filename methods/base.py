@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError, did_you_mean
 from harness.core.hashing import config_hash
 from harness.core.tree import DraftTree
@@ -73,6 +74,19 @@ class Drafter(nn.Module):
 
     def observe(self, step: Acceptance) -> None:
         """Accepted tokens and their target features after a verify step."""
+
+    # ---- the compiled runtime (--compile) ---------------------------------------------------------
+    def enable_compile(self, mode: str | None = None) -> None:
+        """Run the drafter's own decoder layers (its DecoderStacks) as compiled graphs when decoding
+        (harness/core/compiled.py; `mode`: inductor's, its default there); call it once the weights
+        are loaded. Drafters without layers (pld, Medusa's heads) have nothing to compile."""
+        for module in self.modules():
+            if isinstance(module, DecoderStack) and module.fast_decode_supported:
+                module.enable_compile(mode)
+
+    def runtimes(self) -> list:
+        """The drafter's compiled stacks (warm-ups compile their buckets before anything is timed)."""
+        return [m.runtime for m in self.modules() if isinstance(m, DecoderStack) and m.runtime is not None]
 
     # ---- training and checkpoints (learned drafters) -----------------------------------------
     def loss(self, batch) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from harness.core.errors import SpecbenchError
-from harness.core.packed_linear import PackedLinear
+from harness.core.packed_linear import PackedLinear, tensors_key
 
 UNREACHABLE = 1 << 30  # the rank of a token a drafter can never propose
 
@@ -61,7 +61,7 @@ class DraftVocabHead(nn.Module):
         """The draft vocab's LM-head rows (`VocabRows`), cached until the ids change (a checkpoint
         load or `set_draft_vocab` bumps the buffer's version) or the head does."""
         head = self.target.lm_head
-        key = (self.draft_ids._version, self.draft_ids.data_ptr(), head.weight.dtype, head.weight.data_ptr())
+        key = tensors_key((self.draft_ids, head.weight, getattr(head, "bias", None)))
         if self._cache is None or self._cache[0] != key:
             ids = self.draft_ids
             bias = getattr(head, "bias", None)

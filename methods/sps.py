@@ -59,6 +59,12 @@ class SpeculativeSampling(Drafter):
         dtype = str(target.dtype).replace("torch.", "")
         return Target.load(str(spec), device=str(target.device), dtype=dtype)
 
+    def enable_compile(self, mode: str | None = None) -> None:
+        self.draft.enable_compile(mode)  # the draft model's steps, as the target's
+
+    def runtimes(self) -> list:
+        return [self.draft.runtime] if self.draft.runtime is not None else []
+
     def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
         self._cache = self.draft.new_cache(capacity=prompt.numel() + 1024)
         self._cached = []

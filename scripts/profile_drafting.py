@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.core.cost_model import CURVE_SIZES  # noqa: E402
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.draft_layers import DecoderStack  # noqa: E402
 from harness.core.packed_linear import set_packing  # noqa: E402
@@ -111,14 +112,16 @@ def main() -> int:
                     help="measure drafters with attention layers twice: transformers' layers, then the fast decode path")
     ap.add_argument("--both-packings", action="store_true",
                     help="measure every method twice: weights unpacked (plain F.linear), then packed for oneDNN")
-    ap.add_argument("--compile", action="store_true", help="the target on the compiled runtime (AR and verify)")
+    ap.add_argument("--compile", action="store_true",
+                    help="the target on the compiled runtime (AR and verify); each method is then measured "
+                         "twice, its draft layers eager and compiled")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
     target = Target.load(args.target, "cpu", args.dtype)
     if args.compile:
         target.enable_compile()
-        target.runtime.warm_up(list(range(1, 65)))
+        target.runtime.warm_up_to(max(CURVE_SIZES))  # every tree size a method may verify
     meta = collect_meta()
     print(f"{meta['cpu_kind']}, {torch.get_num_threads()} threads, {args.target} {args.dtype}, "
           f"commit {meta['commit'][:7]}{' (dirty)' if meta['dirty'] else ''}")
@@ -141,17 +144,24 @@ def main() -> int:
         drafter = cls.create(target, method_overrides(cls, settings, []))
         stacks = [m for m in drafter.modules() if isinstance(m, DecoderStack)]
         if args.both_layer_paths and stacks:
-            runs.append((f"{name} (transformers layers)", drafter, stacks, False, True))
+            runs.append((f"{name} (transformers layers)", drafter, stacks, False, True, False))
         if args.both_packings:
-            runs.append((f"{name} (unpacked weights)", drafter, stacks, True, False))
-        runs.append((name, drafter, stacks, True, True))
-    for name, drafter, stacks, fast, packing in runs:
+            runs.append((f"{name} (unpacked weights)", drafter, stacks, True, False, False))
+        runs.append((name, drafter, stacks, True, True, False))
+        if args.compile and (stacks or name == "sps"):
+            runs.append((f"{name} (draft layers compiled)", drafter, stacks, True, True, True))
+    for name, drafter, stacks, fast, packing, compiled in runs:
         for stack in stacks:
             stack.fast_decode = fast and stack.fast_decode_supported
         set_packing(packing)
         clock = Clock()
         labels = instrument(drafter, clock)
+        if compiled:
+            drafter.enable_compile()
         generate(target, prompts[0], GenerationConfig(16), drafter)  # warm-up
+        for runtime in drafter.runtimes():  # every bucket up to the largest the warm-up met
+            if runtime.compiled_buckets:
+                runtime.warm_up_to(max(runtime.compiled_buckets))
         clock.reset()
         ar_steps, ar_ms, steps, draft_ms, verify_ms, tokens = 0, 0.0, 0, 0.0, 0.0, 0
         for p in prompts:

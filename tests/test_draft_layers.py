@@ -74,3 +74,35 @@ def test_other_layers_and_training_take_the_transformers_path():
     x = torch.randn(1, 3, 48, requires_grad=True)
     stack(x, torch.arange(3)[None], stack.new_cache()).sum().backward()  # autograd: transformers' layers
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_compiled_decode_equals_the_eager_one(kind):
+    """`enable_compile` (inductor's default mode here; runs use max-autotune, other GEMM codegen of
+    the same graph): the tree step and the single row run compiled, the prefill eagerly, and all
+    of it matches the eager fast path within float32 rounding, K/V included."""
+    torch.manual_seed(0)
+    stack = DecoderStack(config(kind), 2).eval()
+    for p in stack.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    eager, eager_kv = steps(stack, True)
+    stack.enable_compile("default")
+    compiled, compiled_kv = steps(stack, True)
+    assert stack.runtime.compiled_buckets == {1, 4}  # the 4-row tree and the 1-row step; not the prefill
+    for a, b in zip(compiled + compiled_kv, eager + eager_kv):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_a_compiled_cache_grows_and_keeps_its_rows():
+    stack = DecoderStack(config("llama"), 1).eval()
+    stack.enable_compile("default")
+    cache = stack.new_cache(capacity=8)
+    with torch.inference_mode():
+        stack(torch.randn(1, 5, 48), torch.arange(5)[None], cache)
+        before = cache.layers[0].keys[:, :, :5].clone()
+        cap = cache.layers[0].capacity
+        cache.reserve(cap + 1)
+        assert cache.layers[0].capacity >= cap + 1
+        torch.testing.assert_close(cache.layers[0].keys[:, :, :5], before, rtol=0, atol=0)
+        stack(torch.randn(1, 1, 48), torch.tensor([[5]]), cache)  # the grown buffers: no error, same graph
+    assert cache.length == 6

@@ -60,6 +60,20 @@ def test_greedy_equals_ar_after_brief_training(tiny_target, trained_eagle, cls):
     assert_greedy_exact(tiny_target, d, seed=97)
 
 
+def test_greedy_equals_ar_with_the_drafter_compiled(trained_eagle):
+    """--compile compiles the draft layers too: EAGLE-2 on a compiled target with its draft layer
+    compiled still reproduces AR token for token (inductor's default mode, to keep it short)."""
+    from tests.conftest import make_tiny_target
+
+    target = make_tiny_target()
+    target.enable_compile("default")
+    d = Eagle2.from_pretrained(trained_eagle, target)
+    d.enable_compile("default")
+    assert_greedy_exact(target, d, seed=97)
+    (runtime,) = d.runtimes()
+    assert {1, 8} <= runtime.compiled_buckets  # observe's rows and the 8-beam expansions ran compiled
+
+
 def _official_state(h=64, v=96, i=128, nh=4, nkv=2, bias=True, emb=True):
     hd = h // nh
     st = {"fc.weight": torch.randn(h, 2 * h),

@@ -1,8 +1,8 @@
-"""The compiled target runtime (`--compile`): the decode step and the tree verify of every method
-(AR included: the baseline is never handicapped) as one `torch.compile`d graph per query-row
-bucket, on a preallocated KV cache.
+"""Compiled decoder stacks (`--compile`): the target's decode step and tree verify for every method
+(AR included: the baseline is never handicapped), and the draft layers of EAGLE, EAGLE-2, Gumiho
+and Hydra, each as one `torch.compile`d graph per query-row bucket on a preallocated KV cache.
 
-Why it is fast: a small target's eager step is mostly fixed costs (hundreds of op launches, and on
+Why it is fast: a small model's eager step is mostly fixed costs (hundreds of op launches, and on
 a CPU small-M bf16 matmuls that re-pack their weights on every call); inductor fuses the
 elementwise work, and with `max-autotune` generates GEMMs for the exact shapes with weights packed
 once (`freezing`). What keeps it to few compiles:
@@ -10,17 +10,17 @@ once (`freezing`). What keeps it to few compiles:
     or twice; the padded rows attend to position 0 only and their cache rows are never kept;
   * the context length is a dynamic dimension (marked on the mask and the K/V buffers), so a
     growing cache never recompiles.
-The prefill (long, once per answer) and forwards asking for extra layers run transformers' eager
-path on the same cache. The arithmetic is `harness/core/layer_math.py`'s, shared with the draft
-layers; tests/test_compiled.py holds it to transformers' within float32 rounding and checks that
-greedy speculative decoding still reproduces (compiled) AR token for token.
+A prefill (an empty cache: long, once per answer) and target forwards asking for extra layers run
+the eager path on the same cache. The arithmetic is `harness/core/layer_math.py`'s, shared with
+the eager draft layers; tests/test_compiled.py holds both stacks to their eager forwards within
+float32 rounding and checks that greedy speculative decoding still reproduces AR token for token.
 """
 from __future__ import annotations
 
 import torch
 
 from harness.core.errors import SpecbenchError
-from harness.core.kvcache import KVCache
+from harness.core.kvcache import KVCache, PreallocLayer
 from harness.core.layer_math import fuse_weights, layer_step, layer_supported
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -29,115 +29,192 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_MODE = "max-autotune"
 
 
+def configure_inductor() -> None:
+    """Inductor settings every compiled stack runs with."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True  # weights are constants: packed once for the GEMMs
+    inductor_config.autotune_num_choices_displayed = 0  # no per-GEMM autotune tables on stderr
+    # each stack compiles one graph per row bucket (a run may hold the target's and a drafter's)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+
+
 def bucket(n: int) -> int | None:
     """The padded row count for an n-row step, None if n is beyond the largest bucket."""
     return next((b for b in BUCKETS if b >= n), None)
 
 
+class BufferLayer(PreallocLayer):
+    """A PreallocLayer over K/V buffers `[kv_heads, capacity, head_dim]` of its own (kept as `[1, ...]`
+    views too, so the eager path, `commit` and `crop_to` work as on any layer). The compiled step
+    takes the 3-d buffers as inputs; growing replaces them by larger ones (dynamic in their length)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__(keys.shape[1])
+        self._use(keys, values)
+        self.device = keys.device
+        self.is_initialized = True
+
+    def _use(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        for buf in (keys, values):  # their capacity varies: one graph serves every size
+            torch._dynamo.mark_dynamic(buf, 1)
+        self.key_buffer, self.value_buffer = keys, values
+        self.keys, self.values = keys[None], values[None]
+        self.capacity = keys.shape[1]
+
+    def _grow(self, needed: int) -> None:
+        cap = self.capacity
+        while cap < needed:
+            cap *= 2
+        bigger = []
+        for old in (self.key_buffer, self.value_buffer):
+            new = old.new_zeros((old.shape[0], cap, old.shape[2]))
+            new[:, : self.length] = old[:, : self.length]
+            bigger.append(new)
+        self._use(*bigger)
+
+
 class RuntimeCache(KVCache):
-    """A KVCache whose layers hold K/V buffers `[kv_heads, capacity, head_dim]` that the compiled
-    step writes in place (one tensor per layer and per K/V: inputs that share storage would make
-    inductor copy whole buffers). Each layer's `[1, ...]` view keeps the eager path (prefill),
-    `commit` and `crop_to` working as on any KVCache. It never grows: capacity is fixed at creation."""
+    """A KVCache of `BufferLayer`s: one K and one V tensor per layer, written in place by the
+    compiled step (inputs that share storage would make inductor copy whole buffers)."""
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        super().__init__(len(keys), keys[0].shape[1])
-        self.keys, self.values = keys, values
-        for i, layer in enumerate(self.layers):
-            layer.keys, layer.values = keys[i][None], values[i][None]
-            layer.device = keys[i].device
-            layer.is_initialized = True
-            layer._grow = _never_grow  # type: ignore[method-assign]
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        rows = -(-(capacity + BUCKETS[-1]) // 256) * 256  # room for the largest bucket's padding
+        shape = (kv_heads, rows, head_dim)
+        super().__init__(num_layers, layers=[
+            BufferLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)])
+
+    def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(keys, values): each layer's 3-d buffer, the compiled step's inputs."""
+        return [layer.key_buffer for layer in self.layers], [layer.value_buffer for layer in self.layers]
+
+    def reserve(self, rows: int) -> None:
+        """Grow every layer so that `rows` rows fit."""
+        for layer in self.layers:
+            if rows > layer.capacity:
+                layer._grow(rows)
 
 
-def _never_grow(needed: int) -> None:
-    raise SpecbenchError(f"compiled runtime: the KV cache needs {needed} rows, more than it was made with; "
-                         "this is a bug (the decode loop sizes it), please report it")
+def padded_mask(start: int, n: int, nb: int, mask: torch.Tensor | None, device) -> torch.Tensor:
+    """Bool [1, 1, nb, start + nb] for n real rows padded to nb, True where attention is allowed.
+
+    mask: None (causal: every cached row and the new rows up to itself), [n, n] over the new rows
+    (every cached row visible: the target's tree mask) or [n, start + n] over all rows (a draft
+    tree, whose earlier tree rows are visible to their descendants only). Padded rows see row 0
+    only, so their softmax stays finite; no real row sees them."""
+    out = torch.zeros(nb, start + nb, dtype=torch.bool, device=device)
+    if mask is None:
+        out[:n, :start] = True
+        out[:n, start : start + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    elif mask.shape[-1] == n:
+        out[:n, :start] = True
+        out[:n, start : start + n] = mask.to(device)
+    else:
+        out[:n, : start + n] = mask.to(device)
+    out[n:, 0] = True
+    return out[None, None]
 
 
-class CompiledRuntime:
-    """The compiled forward of one Target (`Target.enable_compile`)."""
+class CompiledStack:
+    """Decoder layers run as one compiled graph per row bucket on a `RuntimeCache`.
 
-    def __init__(self, target, mode: str = DEFAULT_MODE) -> None:
-        layers = target.backbone.layers
-        if not all(layer_supported(layer, target.config) for layer in layers):
-            raise SpecbenchError(f"--compile supports Llama/Qwen2/Mistral-style targets; "
+    `post` maps the last layer's output [nb, H] to what a step returns (a tensor or a tuple of
+    them: the target's final norm and LM head, a draft stack's optional norm); it is compiled
+    into the same graph."""
+
+    def __init__(self, layers: torch.nn.ModuleList, rotary_emb: torch.nn.Module, config, post,
+                 dtype: torch.dtype, device: torch.device, mode: str = DEFAULT_MODE) -> None:
+        if not all(layer_supported(layer, config) for layer in layers):
+            raise SpecbenchError(f"--compile supports Llama/Qwen2/Mistral-style layers; "
                                  f"{type(layers[0]).__name__} is not one: run without --compile")
-        if target.input_device != target.device:
-            raise SpecbenchError("--compile with a sharded target (--device-map) is not supported; drop one of them")
-        self.target = target
-        self.mode = mode
+        self.layers, self.rotary_emb, self.post = layers, rotary_emb, post
+        self.dtype, self.device, self.mode = dtype, device, mode
+        self.kv_heads, self.hidden_size = config.num_key_value_heads, config.hidden_size
+        self.head_dim = layers[0].self_attn.head_dim
         self.fused = [fuse_weights(layer, pack=False) for layer in layers]  # inductor packs its own
-        attn = layers[0].self_attn
-        self.kv_heads = target.config.num_key_value_heads
-        self.head_dim = attn.head_dim
         self._compiled = torch.compile(self._step, mode=mode, fullgraph=True)
         self.compiled_buckets: set[int] = set()
 
     def new_cache(self, capacity: int) -> RuntimeCache:
-        # Room for the padding of the largest bucket past the last real row.
-        rows = -(-(capacity + BUCKETS[-1]) // 256) * 256
-        shape = (self.kv_heads, rows, self.head_dim)
-        dev, dt = self.target.device, self.target.dtype
-        keys, values = ([torch.zeros(shape, dtype=dt, device=dev) for _ in range(self.target.num_layers)]
-                        for _ in range(2))
-        for buf in (*keys, *values):  # their capacity varies per answer: one graph serves every size
-            torch._dynamo.mark_dynamic(buf, 1)
-        return RuntimeCache(keys, values)
+        return RuntimeCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
 
     def handles(self, cache: KVCache, n: int) -> bool:
-        return isinstance(cache, RuntimeCache) and bucket(n) is not None
+        """Whether an n-row step on `cache` runs compiled (an empty cache is a prefill: eager)."""
+        return isinstance(cache, RuntimeCache) and cache.length > 0 and bucket(n) is not None
 
-    def forward(self, ids: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor,
-                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [n], position_ids [n], tree_mask [n, n] bool or None (causal) -> (hidden [n, H], logits [n, V]),
-        the n rows appended to the cache like the eager forward does."""
-        n = ids.shape[0]
+    def run(self, x: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor, mask: torch.Tensor | None):
+        """x [n, H] layer inputs, position_ids [n], mask as `padded_mask` takes it -> `post`'s output
+        for the n rows (each tensor [n, ...]); the n rows are appended to the cache."""
+        n = x.shape[0]
         nb = bucket(n)
         start = cache.length
-        dev = self.target.device
         pad = nb - n
-        ids_b = torch.cat([ids, ids.new_zeros(pad)]) if pad else ids
+        x_b = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
         pos_b = torch.cat([position_ids, position_ids.new_zeros(pad)]) if pad else position_ids
-        mask = torch.zeros(nb, start + nb, dtype=torch.bool, device=dev)
-        mask[:n, :start] = True
-        mask[:n, start : start + n] = (tree_mask.to(dev) if tree_mask is not None
-                                       else torch.ones(n, n, dtype=torch.bool, device=dev).tril())
-        mask[n:, 0] = True  # padded rows: one visible key, so their softmax stays finite
-        write = torch.arange(start, start + nb, device=dev)
-        mask = mask[None, None]
-        torch._dynamo.mark_dynamic(mask, 3)
+        full = padded_mask(start, n, nb, mask, self.device)
+        torch._dynamo.mark_dynamic(full, 3)
+        cache.reserve(start + nb)
+        keys, values = cache.buffers()
         self.compiled_buckets.add(nb)
-        hidden, logits = self._compiled(ids_b.reshape(1, nb).to(dev), pos_b.reshape(1, nb).to(dev), write, mask,
-                                        cache.keys, cache.values)
+        out = self._compiled(x_b[None].to(self.device), pos_b[None].to(self.device),
+                             torch.arange(start, start + nb, device=self.device), full, keys, values)
         for layer in cache.layers:
             layer.length = start + n
-        return hidden[:n], logits[:n]
+        return tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:n]
 
     def warm_up(self, rows: list[int], capacity: int = 512) -> None:
         """Compile the buckets of these row counts now, so that no timed answer pays for it."""
         with torch.inference_mode():
-            for n in sorted({bucket(r) for r in rows if bucket(r)}):
+            for nb in sorted({bucket(r) for r in rows if bucket(r)}):
                 cache = self.new_cache(capacity)
+                for layer in cache.layers:  # one committed row: a step, not a prefill
+                    layer.length = 1
                 for _ in range(2):  # the second call checks the cached graph is reused, at another length
-                    self.forward(torch.zeros(n, dtype=torch.long), cache, torch.arange(cache.length, cache.length + n),
-                                 None)
+                    x = torch.zeros(nb, self.hidden_size, dtype=self.dtype, device=self.device)
+                    self.run(x, cache, torch.arange(cache.length, cache.length + nb, device=self.device), None)
 
-    def _step(self, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor,
-              keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids, pos [1, nb]; write [nb] cache rows of this step; mask [1, 1, nb, S] bool with
+    def warm_up_to(self, max_rows: int) -> None:
+        """Compile every bucket a step of up to `max_rows` rows uses (bench and profiling time them all)."""
+        self.warm_up(list(range(1, max_rows + 1)))
+
+    def _step(self, x: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor,
+              keys: list[torch.Tensor], values: list[torch.Tensor]):
+        """x [1, nb, H], pos [1, nb]; write [nb] cache rows of this step; mask [1, 1, nb, S] bool with
         S = write[-1] + 1; keys, values: per layer [kv_heads, capacity, head_dim], written in place.
-        Returns (hidden [nb, H] after the final norm, logits [nb, V])."""
-        backbone = self.target.backbone
-        x = backbone.embed_tokens(ids)
-        cos, sin = backbone.rotary_emb(x, position_ids=pos)
+        Returns `post` of the last layer's output [nb, H]."""
+        cos, sin = self.rotary_emb(x, position_ids=pos)
         seen = mask.shape[-1]
-        for i, layer in enumerate(backbone.layers):
+        for i, layer in enumerate(self.layers):
             def store(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
                 keys[i].index_copy_(1, write, k[0])
                 values[i].index_copy_(1, write, v[0])
                 return keys[i][None, :, :seen], values[i][None, :, :seen]
 
             x = layer_step(layer, self.fused[i], x, cos, sin, store, mask)
-        hidden = backbone.norm(x)[0]
+        return self.post(x[0])
+
+
+class CompiledRuntime(CompiledStack):
+    """The compiled forward of one Target (`Target.enable_compile`): its decoder layers, then the
+    final norm and LM head in the same graph; the token embedding is looked up eagerly."""
+
+    def __init__(self, target, mode: str = DEFAULT_MODE) -> None:
+        if target.input_device != target.device:
+            raise SpecbenchError("--compile with a sharded target (--device-map) is not supported; drop one of them")
+        backbone = target.backbone
+        self.target = target
+        super().__init__(backbone.layers, backbone.rotary_emb, target.config, self._head, target.dtype,
+                         target.device, mode)
+
+    def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.target.backbone.norm(x)
         return hidden, self.target.lm_head(hidden)
+
+    def forward(self, ids: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor,
+                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [n], position_ids [n], tree_mask [n, n] bool or None (causal) -> (hidden [n, H], logits [n, V]),
+        the n rows appended to the cache like the eager forward does."""
+        return self.run(self.target.backbone.embed_tokens(ids.to(self.device)), cache, position_ids, tree_mask)

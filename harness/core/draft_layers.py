@@ -50,14 +50,31 @@ class DecoderStack(nn.Module):
         self.fast_decode_supported = all(layer_supported(layer, cfg) for layer in self.layers)
         self.fast_decode = self.fast_decode_supported  # off: always transformers' layers
         self._fused: dict[int, tuple] = {}
+        self.runtime = None  # a CompiledStack once `enable_compile` ran
+
+    def enable_compile(self, mode: str | None = None) -> None:
+        """Run decoding steps (not prefills, not training) as compiled graphs (harness/core/compiled.py);
+        the weights are frozen into the graphs, so call it once they are loaded."""
+        from harness.core.compiled import DEFAULT_MODE, CompiledStack, configure_inductor
+
+        configure_inductor()
+        param = next(self.parameters())
+        self.runtime = CompiledStack(self.layers, self.rotary_emb, self.config, self.norm, param.dtype,
+                                     param.device, mode or DEFAULT_MODE)
 
     def new_cache(self, capacity: int = 1024) -> KVCache:
+        if self.runtime is not None:
+            return self.runtime.new_cache(capacity)
         return KVCache(self.num_layers, capacity)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, T, H]; position_ids: [B, T]; mask: None (causal over cache + x) or a boolean
         [B, 1, T, S] mask, True where attention is allowed (boolean: dtype-agnostic under autocast)."""
+        decoding = cache is not None and not torch.is_grad_enabled() and x.shape[0] == 1
+        if decoding and self.runtime is not None and self.runtime.handles(cache, x.shape[1]):
+            m = None if mask is None else mask[0, 0]
+            return self.runtime.run(x[0], cache, position_ids[0], m)[None]
         pos_emb = self.rotary_emb(x, position_ids=position_ids)
         if mask is None and x.shape[1] > 1:
             past = cache.length if cache is not None else 0
@@ -65,7 +82,7 @@ class DecoderStack(nn.Module):
             allowed = torch.ones(t, past + t, dtype=torch.bool, device=x.device)
             allowed[:, past:] = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
             mask = allowed[None, None]
-        if cache is not None and self.fast_decode and not torch.is_grad_enabled() and x.shape[0] == 1:
+        if decoding and self.fast_decode:
             return self.norm(self._decode(x, pos_emb, cache, mask))
         for layer in self.layers:
             x = layer(x, attention_mask=mask, position_ids=position_ids, cache=cache,

@@ -89,8 +89,9 @@ class PreallocLayer(CacheLayerMixin):
 class KVCache(Cache):
     """The target's cache: one `PreallocLayer` per decoder layer."""
 
-    def __init__(self, num_layers: int, capacity: int = 1024) -> None:
-        super().__init__(layers=[PreallocLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int = 1024, layers: list[PreallocLayer] | None = None) -> None:
+        """`num_layers` fresh `PreallocLayer(capacity)`s, or the given `layers` (a runtime's own kind)."""
+        super().__init__(layers=layers if layers is not None else [PreallocLayer(capacity) for _ in range(num_layers)])
 
     @property
     def length(self) -> int:

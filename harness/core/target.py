@@ -119,14 +119,9 @@ class Target:
 
     def enable_compile(self, mode: str | None = None) -> None:
         """Run decode steps and tree verifies through the compiled runtime (harness/core/compiled.py)."""
-        import torch._dynamo
-        import torch._inductor.config as inductor_config
+        from harness.core.compiled import DEFAULT_MODE, CompiledRuntime, configure_inductor
 
-        from harness.core.compiled import DEFAULT_MODE, CompiledRuntime
-
-        inductor_config.freezing = True  # weights are constants: packed once for the GEMMs
-        inductor_config.autotune_num_choices_displayed = 0  # no per-GEMM autotune tables on stderr
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        configure_inductor()
         self.runtime = CompiledRuntime(self, mode or DEFAULT_MODE)
 
     # ------------------------------------------------------------------ loading
@@ -277,7 +272,7 @@ class Target:
         start = cache.length
         if position_ids is None:
             position_ids = torch.arange(start, start + n)
-        if self.runtime is not None and start > 0 and not layers and self.runtime.handles(cache, n):  # prefill: eager
+        if self.runtime is not None and not layers and self.runtime.handles(cache, n):  # a prefill runs eagerly
             hidden, lg = self.runtime.forward(ids[0], cache, position_ids.reshape(-1), tree_mask)
             return TargetOutput({"all": lg, "last": lg[-1:], "none": None}[logits], hidden)
         position_ids = position_ids.reshape(1, -1).to(self.input_device)

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from harness.core.cost_model import forward_cost_ms, median_ms
+from harness.core.cost_model import CURVE_SIZES, forward_cost_ms, median_ms
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.target import Target
@@ -185,8 +185,8 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     if compile_:
         tgt.enable_compile()
         if pld or assisted:
-            with console.status("compiling every row bucket up to 64 (minutes the first time on a machine)"):
-                tgt.runtime.warm_up(list(range(1, 65)))
+            with console.status(f"compiling every row bucket up to {max(CURVE_SIZES)} (minutes the first time on a machine)"):
+                tgt.runtime.warm_up_to(max(CURVE_SIZES))
     dt_name = str(tgt.dtype).replace("torch.", "")
     meta = collect_meta()
     result: dict[str, Any] = {"target": target, "dtype": dt_name, "threads": torch.get_num_threads(), "compile": compile_,

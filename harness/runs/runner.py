@@ -179,6 +179,8 @@ def build_slots(target: Target, classes: dict[str, type], cfg: RunConfig,
         overrides = method_overrides(cls, cfg.settings, list(classes))
         for label, extra in (variants or {name: {}}).items():
             drafter = cls.create(target, {**overrides, **extra}, checkpoint=cfg.checkpoint if cls.trainable else None)
+            if cfg.compile:
+                drafter.enable_compile()
             ck = drafter.checkpoint_hash()
             h = config_hash({"method": name, "config": drafter.config, "checkpoint": ck})
             twin = next((s.label for s in slots if s.config_hash == h), None)
@@ -385,11 +387,12 @@ class Runner:
         for slot in self.slots:
             cfg = GenerationConfig(min(WARMUP_TOKENS, self.cfg.max_new_tokens), self.cfg.sampling(), seed=0)
             generate(self.target, ids, cfg, slot.drafter)
-        runtime = self.target.runtime
-        if runtime is not None and runtime.compiled_buckets:
-            # Every row bucket up to the largest the warm-up met (a tree shrinks near the token
-            # limit), so that no timed answer compiles.
-            runtime.warm_up(list(range(1, max(runtime.compiled_buckets) + 1)))
+        runtimes = [self.target.runtime] + [r for s in self.slots if s.drafter is not None for r in s.drafter.runtimes()]
+        for runtime in runtimes:
+            if runtime is not None and runtime.compiled_buckets:
+                # Every row bucket up to the largest the warm-up met (a tree shrinks near the token
+                # limit), so that no timed answer compiles.
+                runtime.warm_up_to(max(runtime.compiled_buckets))
 
     def write_summary(self) -> pd.DataFrame:
         """Rewrite summary.csv from every record of the run folder; return it."""
