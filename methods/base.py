@@ -78,7 +78,7 @@ class Drafter(nn.Module):
     # ---- the compiled runtime (--compile) ---------------------------------------------------------
     def enable_compile(self, mode: str | None = None) -> None:
         """Run the drafter's own decoder layers (its DecoderStacks) as compiled graphs when decoding
-        (harness/core/compiled.py; `mode`: inductor's, its default there); call it once the weights
+        (harness/core/runtime.py; `mode`: inductor's, its default there); call it once the weights
         are loaded. Drafters without layers (pld, Medusa's heads) have nothing to compile."""
         for module in self.modules():
             if isinstance(module, DecoderStack) and module.fast_decode_supported:

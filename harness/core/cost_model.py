@@ -85,8 +85,8 @@ def _cache_file(target) -> Path:
     where = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else cpu_kind()
     key = {"machine": where, "threads": torch.get_num_threads(), "target": target.name,
            "dtype": str(target.dtype), "torch": torch.__version__, "sizes": CURVE_SIZES, "context": CURVE_CONTEXT}
-    if getattr(target, "runtime", None) is not None:  # the compiled runtime has its own curve (padded buckets)
-        key["compiled"] = target.runtime.mode
+    # Each runtime has its own curve (transformers' layers, packed eager, compiled with padded buckets).
+    key["runtime"] = getattr(target, "runtime_name", "transformers")
     return cache_root() / "cost_curves" / f"{config_hash(key)}.json"
 
 

@@ -50,16 +50,16 @@ class DecoderStack(nn.Module):
         self.fast_decode_supported = all(layer_supported(layer, cfg) for layer in self.layers)
         self.fast_decode = self.fast_decode_supported  # off: always transformers' layers
         self._fused: dict[int, tuple] = {}
-        self.runtime = None  # a CompiledStack once `enable_compile` ran
+        self.runtime = None  # a compiled StackRuntime once `enable_compile` ran
 
     def enable_compile(self, mode: str | None = None) -> None:
-        """Run decoding steps (not prefills, not training) as compiled graphs (harness/core/compiled.py);
+        """Run decoding steps (not prefills, not training) as compiled graphs (harness/core/runtime.py);
         the weights are frozen into the graphs, so call it once they are loaded."""
-        from harness.core.compiled import DEFAULT_MODE, CompiledStack, configure_inductor
+        from harness.core.runtime import DEFAULT_MODE, StackRuntime, configure_inductor
 
         configure_inductor()
         param = next(self.parameters())
-        self.runtime = CompiledStack(self.layers, self.rotary_emb, self.config, self.norm, param.dtype,
+        self.runtime = StackRuntime(self.layers, self.rotary_emb, self.config, self.norm, param.dtype,
                                      param.device, mode or DEFAULT_MODE)
 
     def new_cache(self, capacity: int = 1024) -> KVCache:

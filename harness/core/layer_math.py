@@ -1,13 +1,13 @@
 """The decode-time arithmetic of one pre-norm Llama/Qwen2/Mistral decoder layer, shared by the
 draft layers' fast path (harness/core/draft_layers.py) and the compiled target runtime
-(harness/core/compiled.py), so both compute exactly what transformers' layers compute.
+(harness/core/runtime.py), so both compute exactly what transformers' layers compute.
 
 Differences from transformers' layer code, all of them about cost, none about the result: the
 q/k/v and gate/up projections are one matmul each (weights concatenated once), every projection
 can take a weight packed once for oneDNN (harness/core/packed_linear.py; the compiled runtime
 leaves that to inductor), and grouped-query attention is done by SDPA on the K/V rows as stored
 (transformers copies K/V once per query head whenever a mask is given, and a draft tree always
-has one). tests/test_draft_layers.py and tests/test_compiled.py hold both users to transformers'
+has one). tests/test_draft_layers.py and tests/test_runtime.py hold both users to transformers'
 layers within float32 rounding.
 """
 from __future__ import annotations

@@ -24,6 +24,7 @@ from harness.core.errors import SpecbenchError, unknown
 from harness.core.kvcache import KVCache
 from harness.core.model_wheels import WHEEL_MODELS, gguf_path
 from harness.core.placement import check_device_map, io_devices
+from harness.core.runtime import DEFAULT_MODE, TargetRuntime, configure_inductor, stack_supported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,14 +116,35 @@ class Target:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.eos_token_ids = self._eos_ids()
-        self.runtime = None  # a CompiledRuntime once `enable_compile` ran
+        # Decode steps and verifies: the eager runtime (packed weights) where the layers allow.
+        self.runtime: TargetRuntime | None = None
+        self.set_runtime("eager")
+
+    def set_runtime(self, kind: str, mode: str | None = None) -> None:
+        """How decode steps and tree verifies run (harness/core/runtime.py): "eager" (the shared layer
+        arithmetic with packed weights; the default where the layers allow it), "compiled" (inductor
+        `mode`, --compile) or "transformers" (transformers' own layers, as the prefill always does)."""
+        if kind == "transformers" or (kind == "eager" and not self._runtime_supported()):
+            self.runtime = None
+        elif kind == "eager":
+            self.runtime = TargetRuntime(self)
+        elif kind == "compiled":
+            configure_inductor()
+            self.runtime = TargetRuntime(self, mode or DEFAULT_MODE)
+        else:
+            raise ValueError(f"unknown runtime kind {kind!r}")
 
     def enable_compile(self, mode: str | None = None) -> None:
-        """Run decode steps and tree verifies through the compiled runtime (harness/core/compiled.py)."""
-        from harness.core.compiled import DEFAULT_MODE, CompiledRuntime, configure_inductor
+        """Run decode steps and tree verifies as compiled graphs (`--compile`)."""
+        self.set_runtime("compiled", mode)
 
-        configure_inductor()
-        self.runtime = CompiledRuntime(self, mode or DEFAULT_MODE)
+    @property
+    def runtime_name(self) -> str:
+        """"transformers", "eager" or "compiled:<mode>": what records say the target ran on."""
+        return "transformers" if self.runtime is None else self.runtime.name
+
+    def _runtime_supported(self) -> bool:
+        return self.input_device == self.device and stack_supported(self.backbone.layers, self.config)
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -3,7 +3,7 @@
 1. Cost curve: time of one cached forward of k tree tokens at given context lengths, as ratios to
    k = 1 (what a tree budget costs here: the input for choosing tree sizes and pld's chain length).
 2. Our AR loop vs HF `generate` (greedy), same prompts, dtype and threads, both warmed up; with
-   --compile also our AR loop on the compiled runtime (harness/core/compiled.py), which the
+   --compile also our AR loop on the compiled runtime (harness/core/runtime.py), which the
    --pld / --assisted contests then use for our side.
 3. (--pld) our `pld` vs HF prompt lookup (`generate(prompt_lookup_num_tokens=10)`), and
    (--assisted DRAFT) our `sps` with that draft model vs HF assisted generation
@@ -94,7 +94,7 @@ def _ours(target: Target, ids: list[int], max_new: int, drafter=None) -> tuple[l
 
 
 def _on_runtime(target: Target, runtime, fn):
-    """`fn` run with the target's compiled runtime set to `runtime` (None: eager)."""
+    """`fn` run with the target's runtime set to `runtime` (None: transformers' layers)."""
     def call(*args):
         saved, target.runtime = target.runtime, runtime
         try:
@@ -182,6 +182,7 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         raise SpecbenchError("--sizes must include 1 (the ratios are taken against a 1-token step)")
     with console.status(f"loading {target}"):
         tgt = Target.load(target, device, dtype)
+    eager_runtime = tgt.runtime  # the default: packed weights, no compile (None where the layers need transformers')
     if compile_:
         tgt.enable_compile()
         if pld or assisted:
@@ -216,9 +217,10 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     if ar_prompts:
         qs = load_questions("mt_bench", data, limit=ar_prompts)
         prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
-        contenders = {"ours": _on_runtime(tgt, None, lambda p, n: _ours(tgt, p, n)),
+        contenders = {"ours": _on_runtime(tgt, eager_runtime, lambda p, n: _ours(tgt, p, n)),
+                      "ours_transformers_layers": _on_runtime(tgt, None, lambda p, n: _ours(tgt, p, n)),
                       "hf": _on_runtime(tgt, None, lambda p, n: _hf_generate(tgt, p, n))}
-        if tgt.runtime is not None:
+        if compile_:
             contenders["ours_compiled"] = lambda p, n: _ours(tgt, p, n)
         with console.status("AR loop vs HF generate" + (" (compiling first)" if compile_ else "")):
             res = _contest(tgt, prompts, max_new_tokens, contenders, repeats=max(3, repeats // 2))
@@ -228,9 +230,15 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         result["ar_vs_hf"] = {"ours_tok_s": res["ours"]["tok_s"], "hf_tok_s": res["hf"]["tok_s"],
                               "ratio": ratio, "identical_outputs": same, "prompts": len(prompts),
                               "max_new_tokens": max_new_tokens, "floor_share": res["ours"]["tok_s"] / ceiling}
+        tl = res["ours_transformers_layers"]
+        result["ar_vs_hf"].update({"runtime": eager_runtime.name if eager_runtime is not None else "transformers",
+                                   "transformers_layers_tok_s": tl["tok_s"],
+                                   "runtime_vs_transformers_layers": res["ours"]["tok_s"] / tl["tok_s"],
+                                   "identical_to_transformers_layers": tl["outputs"] == res["ours"]["outputs"]})
         console.print(f"AR loop: ours {res['ours']['tok_s']:.2f} tok/s, HF generate {res['hf']['tok_s']:.2f} tok/s "
                       f"-> {ratio:.3f}x; identical outputs: {same}; "
-                      f"{result['ar_vs_hf']['floor_share']:.0%} of the bandwidth ceiling")
+                      f"{result['ar_vs_hf']['floor_share']:.0%} of the bandwidth ceiling; on transformers' layers "
+                      f"{tl['tok_s']:.2f} tok/s (ours {result['ar_vs_hf']['runtime_vs_transformers_layers']:.2f}x that)")
         if "ours_compiled" in res:
             c = res["ours_compiled"]
             result["ar_vs_hf"].update({

@@ -52,7 +52,7 @@ class RunConfig:
     dtype: str = "auto"
     device: str = "auto"
     device_map: str | None = None   # an accelerate strategy sharding the target over GPUs
-    compile: bool = False           # the compiled target runtime (harness/core/compiled.py)
+    compile: bool = False           # the compiled target runtime (harness/core/runtime.py)
     limit: int | None = None
     ids: list[int] | None = None
     max_new_tokens: int = 128
@@ -224,10 +224,12 @@ def execute_grid(runners: list[Runner], config: dict[str, Any]) -> Path:
         r.slots = [s for s in slots if s.drafter is None or s.name in r.cfg.methods]
     run_dir = first.run_dir
     run_dir.open({**config, "methods_resolved": resolved_methods(slots)})
+    # What the timings ran on (harness/core/runtime.py): the same config may run on either.
+    run_dir.write_extra({"target_runtime": target.runtime_name})
     if first.data_dir is not None:
         run_dir.write_extra({"data_dir": str(first.data_dir), "official_prompts": verify_data_dir(first.data_dir)})
     with first.console.status("warming up" + (" and compiling (minutes the first time on a machine)"
-                                              if target.runtime is not None else "")):
+                                              if target.runtime_name.startswith("compiled") else "")):
         for r in runners:
             r.warm_up()
     with Progress(*PROGRESS_COLUMNS, console=first.console, transient=False) as progress:

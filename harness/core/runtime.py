@@ -1,19 +1,21 @@
-"""Compiled decoder stacks (`--compile`): the target's decode step and tree verify for every method
-(AR included: the baseline is never handicapped), and the draft layers of EAGLE, EAGLE-2, Gumiho
-and Hydra, each as one `torch.compile`d graph per query-row bucket on a preallocated KV cache.
+"""Decoder-layer runtimes for decoding: the target's steps and tree verifies (AR included: the
+baseline is never handicapped) and the draft layers of EAGLE, EAGLE-2, Gumiho and Hydra.
 
-Why it is fast: a small model's eager step is mostly fixed costs (hundreds of op launches, and on
-a CPU small-M bf16 matmuls that re-pack their weights on every call); inductor fuses the
-elementwise work, and with `max-autotune` generates GEMMs for the exact shapes with weights packed
-once (`freezing`). What keeps it to few compiles:
-  * query rows are padded to a bucket (1, 2, 4, ..., 128): AR compiles once, a method's trees once
-    or twice; the padded rows attend to position 0 only and their cache rows are never kept;
-  * the context length is a dynamic dimension (marked on the mask and the K/V buffers), so a
-    growing cache never recompiles.
+`StackRuntime` runs a stack of Llama/Qwen2/Mistral layers by `harness/core/layer_math.py` on a
+`RuntimeCache` (per-layer K/V buffers written in place), in one of two ways:
+  * eager (mode None, the default for the target): q/k/v and gate/up fused, and on CPUs with bf16
+    every weight packed once for oneDNN; transformers' layers re-lay-out each bf16 weight on every
+    call, which is most of a small model's step on a CPU. Measured on an AMD EPYC (AVX512-BF16,
+    no AMX), SmolLM2 bf16, 2 threads: a 1-token step 28.6 ms vs 42.1 with transformers' layers, a
+    32-token verify 52.3 vs 69.8 ms, and faster than inductor at every size below;
+  * compiled (`--compile`, mode an inductor mode): one `torch.compile`d graph per query-row bucket
+    (1, 2, 4, ..., 128; padded rows attend to row 0 only and are never kept), the context length a
+    dynamic dimension so a growing cache never recompiles. On that EPYC max-autotune's GEMMs are
+    unpacked `aten::mm`: 31.3 ms for one token and 77.9 ms for 32, so it stays opt-in (it may pay
+    on other machines: measure with `cli.py bench --compile`).
 A prefill (an empty cache: long, once per answer) and target forwards asking for extra layers run
-the eager path on the same cache. The arithmetic is `harness/core/layer_math.py`'s, shared with
-the eager draft layers; tests/test_compiled.py holds both stacks to their eager forwards within
-float32 rounding and checks that greedy speculative decoding still reproduces AR token for token.
+transformers' path on the same cache. tests/test_compiled.py and tests/test_draft_layers.py hold
+both ways to transformers' layers within float32 rounding, and greedy speculative decoding to AR.
 """
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ import torch
 from harness.core.errors import SpecbenchError
 from harness.core.kvcache import KVCache, PreallocLayer
 from harness.core.layer_math import fuse_weights, layer_step, layer_supported
+from harness.core.packed_linear import apply_linear
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-# Inductor modes by device: max-autotune measured 1.9x eager AR on an AMD EPYC CPU (default
-# mode with freezing: 1.1x); on CUDA it also captures CUDA graphs.
+# The inductor mode of --compile: on an AMD EPYC CPU, 1 thread, max-autotune measured 1.9x
+# transformers' layers for AR (default mode with freezing: 1.1x), though not the eager runtime's
+# packed GEMMs (module docstring); on CUDA it also captures CUDA graphs.
 DEFAULT_MODE = "max-autotune"
 
 
@@ -50,15 +54,17 @@ class BufferLayer(PreallocLayer):
     views too, so the eager path, `commit` and `crop_to` work as on any layer). The compiled step
     takes the 3-d buffers as inputs; growing replaces them by larger ones (dynamic in their length)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, dynamic: bool) -> None:
         super().__init__(keys.shape[1])
+        self.dynamic = dynamic  # compiled steps take the buffers: their length is a dynamic dimension
         self._use(keys, values)
         self.device = keys.device
         self.is_initialized = True
 
     def _use(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        for buf in (keys, values):  # their capacity varies: one graph serves every size
-            torch._dynamo.mark_dynamic(buf, 1)
+        if self.dynamic:  # their capacity varies: one graph serves every size
+            for buf in (keys, values):
+                torch._dynamo.mark_dynamic(buf, 1)
         self.key_buffer, self.value_buffer = keys, values
         self.keys, self.values = keys[None], values[None]
         self.capacity = keys.shape[1]
@@ -80,11 +86,12 @@ class RuntimeCache(KVCache):
     compiled step (inputs that share storage would make inductor copy whole buffers)."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, dynamic: bool = False) -> None:
         rows = -(-(capacity + BUCKETS[-1]) // 256) * 256  # room for the largest bucket's padding
         shape = (kv_heads, rows, head_dim)
         super().__init__(num_layers, layers=[
-            BufferLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            BufferLayer(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                        dynamic)
             for _ in range(num_layers)])
 
     def buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -118,55 +125,67 @@ def padded_mask(start: int, n: int, nb: int, mask: torch.Tensor | None, device) 
     return out[None, None]
 
 
-class CompiledStack:
-    """Decoder layers run as one compiled graph per row bucket on a `RuntimeCache`.
+class StackRuntime:
+    """Decoder layers run by the shared layer arithmetic on a `RuntimeCache`, eagerly with packed
+    weights (`mode` None) or as one compiled graph per row bucket (`mode` an inductor mode).
 
-    `post` maps the last layer's output [nb, H] to what a step returns (a tensor or a tuple of
-    them: the target's final norm and LM head, a draft stack's optional norm); it is compiled
-    into the same graph."""
+    `post` maps the last layer's output [n, H] to what a step returns (a tensor or a tuple of
+    them: the target's final norm and LM head, a draft stack's optional norm); under compile it is
+    part of the same graph."""
 
     def __init__(self, layers: torch.nn.ModuleList, rotary_emb: torch.nn.Module, config, post,
-                 dtype: torch.dtype, device: torch.device, mode: str = DEFAULT_MODE) -> None:
-        if not all(layer_supported(layer, config) for layer in layers):
+                 dtype: torch.dtype, device: torch.device, mode: str | None = None) -> None:
+        if not stack_supported(layers, config):
             raise SpecbenchError(f"--compile supports Llama/Qwen2/Mistral-style layers; "
                                  f"{type(layers[0]).__name__} is not one: run without --compile")
         self.layers, self.rotary_emb, self.post = layers, rotary_emb, post
         self.dtype, self.device, self.mode = dtype, device, mode
         self.kv_heads, self.hidden_size = config.num_key_value_heads, config.hidden_size
         self.head_dim = layers[0].self_attn.head_dim
-        self.fused = [fuse_weights(layer, pack=False) for layer in layers]  # inductor packs its own
-        self._compiled = torch.compile(self._step, mode=mode, fullgraph=True)
+        # Under compile inductor packs the weights itself (freezing); eagerly they are packed here.
+        self.fused = [fuse_weights(layer, pack=mode is None) for layer in layers]
+        self._forward = self._step if mode is None else torch.compile(self._step, mode=mode, fullgraph=True)
         self.compiled_buckets: set[int] = set()
 
+    @property
+    def name(self) -> str:
+        """What records call this runtime: "eager" or "compiled:<mode>"."""
+        return "eager" if self.mode is None else f"compiled:{self.mode}"
+
     def new_cache(self, capacity: int) -> RuntimeCache:
-        return RuntimeCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device)
+        return RuntimeCache(len(self.layers), self.kv_heads, self.head_dim, capacity, self.dtype, self.device,
+                            dynamic=self.mode is not None)
 
     def handles(self, cache: KVCache, n: int) -> bool:
-        """Whether an n-row step on `cache` runs compiled (an empty cache is a prefill: eager)."""
-        return isinstance(cache, RuntimeCache) and cache.length > 0 and bucket(n) is not None
+        """Whether an n-row step on `cache` runs here (an empty cache is a prefill: transformers' path)."""
+        return isinstance(cache, RuntimeCache) and cache.length > 0 and (self.mode is None or bucket(n) is not None)
 
     def run(self, x: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor, mask: torch.Tensor | None):
         """x [n, H] layer inputs, position_ids [n], mask as `padded_mask` takes it -> `post`'s output
         for the n rows (each tensor [n, ...]); the n rows are appended to the cache."""
         n = x.shape[0]
-        nb = bucket(n)
+        nb = n if self.mode is None else bucket(n)
         start = cache.length
         pad = nb - n
         x_b = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
         pos_b = torch.cat([position_ids, position_ids.new_zeros(pad)]) if pad else position_ids
-        full = padded_mask(start, n, nb, mask, self.device)
-        torch._dynamo.mark_dynamic(full, 3)
+        # One eager query row with no mask sees every cached row: SDPA needs no mask for that.
+        full = None if nb == 1 and mask is None and self.mode is None else padded_mask(start, n, nb, mask, self.device)
+        if self.mode is not None:
+            torch._dynamo.mark_dynamic(full, 3)
+            self.compiled_buckets.add(nb)
         cache.reserve(start + nb)
         keys, values = cache.buffers()
-        self.compiled_buckets.add(nb)
-        out = self._compiled(x_b[None].to(self.device), pos_b[None].to(self.device),
-                             torch.arange(start, start + nb, device=self.device), full, keys, values)
+        out = self._forward(x_b[None].to(self.device), pos_b[None].to(self.device),
+                            torch.arange(start, start + nb, device=self.device), full, keys, values)
         for layer in cache.layers:
             layer.length = start + n
         return tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:n]
 
     def warm_up(self, rows: list[int], capacity: int = 512) -> None:
-        """Compile the buckets of these row counts now, so that no timed answer pays for it."""
+        """Compile the buckets of these row counts now, so that no timed answer pays for it (eager: nothing to do)."""
+        if self.mode is None:
+            return
         with torch.inference_mode():
             for nb in sorted({bucket(r) for r in rows if bucket(r)}):
                 cache = self.new_cache(capacity)
@@ -183,10 +202,10 @@ class CompiledStack:
     def _step(self, x: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor]):
         """x [1, nb, H], pos [1, nb]; write [nb] cache rows of this step; mask [1, 1, nb, S] bool with
-        S = write[-1] + 1; keys, values: per layer [kv_heads, capacity, head_dim], written in place.
+        S = write[-1] + 1 (None: one row that sees every cached row, eager only); keys, values: per layer [kv_heads, capacity, head_dim], written in place.
         Returns `post` of the last layer's output [nb, H]."""
         cos, sin = self.rotary_emb(x, position_ids=pos)
-        seen = mask.shape[-1]
+        seen = int(write[-1]) + 1 if mask is None else mask.shape[-1]
         for i, layer in enumerate(self.layers):
             def store(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
                 keys[i].index_copy_(1, write, k[0])
@@ -197,11 +216,16 @@ class CompiledStack:
         return self.post(x[0])
 
 
-class CompiledRuntime(CompiledStack):
-    """The compiled forward of one Target (`Target.enable_compile`): its decoder layers, then the
-    final norm and LM head in the same graph; the token embedding is looked up eagerly."""
+def stack_supported(layers: torch.nn.ModuleList, config) -> bool:
+    """Whether `StackRuntime` can run these layers (otherwise transformers' path is used)."""
+    return all(layer_supported(layer, config) for layer in layers)
 
-    def __init__(self, target, mode: str = DEFAULT_MODE) -> None:
+
+class TargetRuntime(StackRuntime):
+    """The decode forward of one Target: its decoder layers, then the final norm and LM head (in
+    the same graph when compiled, packed when eager); the token embedding is looked up eagerly."""
+
+    def __init__(self, target, mode: str | None = None) -> None:
         if target.input_device != target.device:
             raise SpecbenchError("--compile with a sharded target (--device-map) is not supported; drop one of them")
         backbone = target.backbone
@@ -211,10 +235,12 @@ class CompiledRuntime(CompiledStack):
 
     def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.target.backbone.norm(x)
+        if self.mode is None:
+            return hidden, apply_linear(self.target.lm_head, hidden)
         return hidden, self.target.lm_head(hidden)
 
     def forward(self, ids: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor,
                 tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [n], position_ids [n], tree_mask [n, n] bool or None (causal) -> (hidden [n, H], logits [n, V]),
-        the n rows appended to the cache like the eager forward does."""
+        the n rows appended to the cache like transformers' forward does."""
         return self.run(self.target.backbone.embed_tokens(ids.to(self.device)), cache, position_ids, tree_mask)
