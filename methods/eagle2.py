@@ -5,7 +5,8 @@ expansion steps: the k beams are fed together (each sees the committed context a
 chain of ancestor beams: the draft-side tree mask), each proposes its top-k children scored by
 cumulative draft log-prob, all k² children are kept as candidates and the top-k of them by score
 become the next beam. Finally the pooled candidates (k + depth·k²) are reranked and the best
-`total_tokens - 1` kept as the tree. At T > 0 the drafts are deterministic (point-mass) and the
+`total_tokens - 1` kept as the tree (with total_tokens "auto", as many as pay on this machine, and
+only one expansion step more than the last tree used is run). At T > 0 the drafts are deterministic (point-mass) and the
 shared verifier applies recursive rejection; its bonus token is drawn from the temperature/top-p
 processed distribution (the official code's last bonus skips that processing; ours does not).
 """
@@ -39,10 +40,20 @@ class Eagle2(EagleCore):
         "total_tokens": 32,  # or "auto": sized per step from this machine's verify cost curve
     }
 
+    def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
+        super().begin(prompt, prefill, root)
+        self._reach = self.config["depth"]  # expansion steps "auto" runs (see `propose`)
+
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
         k = self.config["top_k"]
         depth = min(self.config["depth"], ctx.max_nodes - 2)
+        auto = self.config["total_tokens"] == "auto"
+        if auto:
+            # A sized tree keeps only what pays (a few nodes where a wide verify is dear), so
+            # expanding levels it never keeps is drafting for nothing: run one expansion step
+            # more than the last tree used (it can grow back by a level per step).
+            depth = min(depth, self._reach)
         dev = self.target.device
         committed = self._cache.length
         top_score, top_tok = self.vocab.draft_topk(self._last, k)
@@ -67,4 +78,7 @@ class Eagle2(EagleCore):
             beam_feat = out[[b // k for b in best]]
         self._cache.crop_to(committed)
         self.last_pool_size = len(pool)  # k + depth * k^2 (tests check it)
-        return build_tree(ctx.root, pool.select(self.tree_budget(pool.scores), ctx.max_nodes))
+        nodes = pool.select(self.tree_budget(pool.scores), ctx.max_nodes)
+        if auto:  # expansion s makes depth s + 2: the deepest kept node needed (its depth - 1) steps
+            self._reach = max((n.depth for n in nodes), default=1)
+        return build_tree(ctx.root, nodes)

@@ -46,6 +46,28 @@ def test_eagle2_tree_invariants_at_official_settings(tiny_target):
         assert all(tree.parent_list[b] == a for a, b in zip(path, path[1:]))
 
 
+def test_eagle2_auto_expands_one_level_past_the_last_tree(tiny_target, monkeypatch):
+    """With total_tokens "auto" a step runs one expansion more than the last tree used: a tree of
+    depth-1 nodes only is followed by one expansion, and a tree that keeps everything lets the
+    expansions grow back a level per step (untrained weights; the budget is forced)."""
+    torch.manual_seed(0)
+    d = Eagle2(tiny_target, {"total_tokens": "auto", "draft_vocab": 0}).eval()
+    k, depth = d.config["top_k"], d.config["depth"]
+    ctx = _begin(d, tiny_target, [1, 2, 3, 4, 5])
+    monkeypatch.setattr(d, "tree_budget", lambda scores: 1)
+    tree = d.propose(ctx)
+    assert d.last_pool_size == k + depth * k * k  # an answer's first step expands fully
+    assert tree.size == 1 and int(tree.depths.max()) == 1
+    d.propose(ctx)
+    assert d.last_pool_size == k + k * k
+    monkeypatch.setattr(d, "tree_budget", lambda scores: len(scores))
+    pools = []
+    for _ in range(depth + 1):
+        d.propose(ctx)
+        pools.append(d.last_pool_size)
+    assert pools == [k + s * k * k for s in range(1, depth + 1)] + [k + depth * k * k]
+
+
 def test_eagle1_static_tree_shape(tiny_target):
     d = Eagle(tiny_target)
     ctx = _begin(d, tiny_target, [7, 8, 9])
