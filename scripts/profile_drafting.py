@@ -159,9 +159,8 @@ def main() -> int:
         if compiled:
             drafter.enable_compile()
         generate(target, prompts[0], GenerationConfig(16), drafter)  # warm-up
-        for runtime in drafter.runtimes():  # every bucket up to the largest the warm-up met
-            if runtime.compiled_buckets:
-                runtime.warm_up_to(max(runtime.compiled_buckets))
+        for runtime in drafter.runtimes():
+            runtime.warm_up_seen()
         clock.reset()
         ar_steps, ar_ms, steps, draft_ms, verify_ms, tokens = 0, 0.0, 0, 0.0, 0.0, 0
         for p in prompts:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from harness.core.kvcache import KVCache
-from harness.core.layer_math import FusedWeights, fuse_weights, fused_tensors, layer_step, layer_supported
+from harness.core.layer_math import FusedWeights, fuse_weights, fused_tensors, layer_step, stack_supported
 from harness.core.packed_linear import tensors_key
 
 
@@ -47,7 +47,7 @@ class DecoderStack(nn.Module):
             self.layers[0].input_layernorm = nn.Identity()
         self.num_layers = num_layers
         self.config = cfg
-        self.fast_decode_supported = all(layer_supported(layer, cfg) for layer in self.layers)
+        self.fast_decode_supported = stack_supported(self.layers, cfg)
         self.fast_decode = self.fast_decode_supported  # off: always transformers' layers
         self._fused: dict[int, tuple] = {}
         self.runtime = None  # a compiled StackRuntime once `enable_compile` ran

@@ -7,7 +7,7 @@ q/k/v and gate/up projections are one matmul each (weights concatenated once), e
 can take a weight packed once for oneDNN (harness/core/packed_linear.py; the compiled runtime
 leaves that to inductor), and grouped-query attention is done by SDPA on the K/V rows as stored
 (transformers copies K/V once per query head whenever a mask is given, and a draft tree always
-has one). tests/test_draft_layers.py and tests/test_runtime.py hold both users to transformers'
+has one). tests/test_draft_layers.py and tests/test_compiled.py hold both users to transformers'
 layers within float32 rounding.
 """
 from __future__ import annotations
@@ -40,6 +40,11 @@ def layer_supported(layer: nn.Module, config) -> bool:
     """Whether `layer_step` computes what this transformers layer computes."""
     return (getattr(config, "hidden_act", "silu") == "silu" and type(layer).__name__ in FAST_LAYERS
             and getattr(layer.self_attn, "sliding_window", None) is None)
+
+
+def stack_supported(layers: nn.ModuleList, config) -> bool:
+    """Whether `layer_step` computes what every one of these layers computes."""
+    return all(layer_supported(layer, config) for layer in layers)
 
 
 def fused_tensors(layer: nn.Module) -> list[torch.Tensor]:

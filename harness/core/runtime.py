@@ -23,7 +23,7 @@ import torch
 
 from harness.core.errors import SpecbenchError
 from harness.core.kvcache import KVCache, PreallocLayer
-from harness.core.layer_math import fuse_weights, layer_step, layer_supported
+from harness.core.layer_math import fuse_weights, layer_step, stack_supported
 from harness.core.packed_linear import apply_linear
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -70,15 +70,8 @@ class BufferLayer(PreallocLayer):
         self.capacity = keys.shape[1]
 
     def _grow(self, needed: int) -> None:
-        cap = self.capacity
-        while cap < needed:
-            cap *= 2
-        bigger = []
-        for old in (self.key_buffer, self.value_buffer):
-            new = old.new_zeros((old.shape[0], cap, old.shape[2]))
-            new[:, : self.length] = old[:, : self.length]
-            bigger.append(new)
-        self._use(*bigger)
+        super()._grow(needed)  # larger [1, ...] buffers with the kept rows copied
+        self._use(self.keys[0], self.values[0])
 
 
 class RuntimeCache(KVCache):
@@ -199,6 +192,12 @@ class StackRuntime:
         """Compile every bucket a step of up to `max_rows` rows uses (bench and profiling time them all)."""
         self.warm_up(list(range(1, max_rows + 1)))
 
+    def warm_up_seen(self) -> None:
+        """Compile every bucket up to the largest a warm-up answer met (a tree shrinks near the token
+        limit), so that no timed answer compiles."""
+        if self.compiled_buckets:
+            self.warm_up_to(max(self.compiled_buckets))
+
     def _step(self, x: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor]):
         """x [1, nb, H], pos [1, nb]; write [nb] cache rows of this step; mask [1, 1, nb, S] bool with
@@ -214,11 +213,6 @@ class StackRuntime:
 
             x = layer_step(layer, self.fused[i], x, cos, sin, store, mask)
         return self.post(x[0])
-
-
-def stack_supported(layers: torch.nn.ModuleList, config) -> bool:
-    """Whether `StackRuntime` can run these layers (otherwise transformers' path is used)."""
-    return all(layer_supported(layer, config) for layer in layers)
 
 
 class TargetRuntime(StackRuntime):

@@ -24,7 +24,8 @@ from harness.core.errors import SpecbenchError, unknown
 from harness.core.kvcache import KVCache
 from harness.core.model_wheels import WHEEL_MODELS, gguf_path
 from harness.core.placement import check_device_map, io_devices
-from harness.core.runtime import DEFAULT_MODE, TargetRuntime, configure_inductor, stack_supported
+from harness.core.layer_math import stack_supported
+from harness.core.runtime import DEFAULT_MODE, TargetRuntime, configure_inductor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

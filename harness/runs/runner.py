@@ -391,10 +391,8 @@ class Runner:
             generate(self.target, ids, cfg, slot.drafter)
         runtimes = [self.target.runtime] + [r for s in self.slots if s.drafter is not None for r in s.drafter.runtimes()]
         for runtime in runtimes:
-            if runtime is not None and runtime.compiled_buckets:
-                # Every row bucket up to the largest the warm-up met (a tree shrinks near the token
-                # limit), so that no timed answer compiles.
-                runtime.warm_up_to(max(runtime.compiled_buckets))
+            if runtime is not None:
+                runtime.warm_up_seen()
 
     def write_summary(self) -> pd.DataFrame:
         """Rewrite summary.csv from every record of the run folder; return it."""
