@@ -61,6 +61,7 @@ class EagleCore(LearnedDrafter):
         self._cache = None
         self._last: torch.Tensor | None = None   # draft output at the last committed position
         self._sizer: TreeSizer | None = None       # total_tokens "auto" (EAGLE-2, Gumiho)
+        self._reach = 0                            # deepest node the last sized tree kept ("auto")
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -92,6 +93,7 @@ class EagleCore(LearnedDrafter):
         self._last = out[-1]
         if self._sizer is not None:
             self._sizer.reset()
+        self._reach = 1 << 30  # the first tree of an answer may use every level
 
     @torch.inference_mode()
     def observe(self, step: Acceptance) -> None:
@@ -113,6 +115,19 @@ class EagleCore(LearnedDrafter):
         if self._sizer is None:
             self._sizer = TreeSizer(verify_cost_curve(self.target), max_keep=AUTO_MAX_NODES)
         return self._sizer.budget(sorted(scores, reverse=True))
+
+    def auto_depth(self, depth: int) -> int:
+        """Depth levels worth drafting this step. A sized tree (total_tokens "auto") keeps only
+        what pays (a few nodes where a wide verify is dear), so drafting levels it never keeps is
+        work for nothing: draft one level deeper than the last tree kept (it can grow back by a
+        level per step). Fixed budgets draft every level."""
+        if self.config["total_tokens"] != "auto":
+            return depth
+        return min(depth, self._reach + 1)
+
+    def note_kept(self, nodes) -> None:
+        """Record the deepest level the sized tree kept (see `auto_depth`)."""
+        self._reach = max((n.depth for n in nodes if not n.borrowed), default=1)
 
     def tree_mask(self, committed: int, ancestors: list[list[int]], n_tree_rows: int) -> torch.Tensor:
         """Boolean [q, committed + n_tree_rows + q]: all committed rows, the listed ancestor rows

@@ -40,20 +40,11 @@ class Eagle2(EagleCore):
         "total_tokens": 32,  # or "auto": sized per step from this machine's verify cost curve
     }
 
-    def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
-        super().begin(prompt, prefill, root)
-        self._reach = self.config["depth"]  # expansion steps "auto" runs (see `propose`)
-
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
         k = self.config["top_k"]
-        depth = min(self.config["depth"], ctx.max_nodes - 2)
-        auto = self.config["total_tokens"] == "auto"
-        if auto:
-            # A sized tree keeps only what pays (a few nodes where a wide verify is dear), so
-            # expanding levels it never keeps is drafting for nothing: run one expansion step
-            # more than the last tree used (it can grow back by a level per step).
-            depth = min(depth, self._reach)
+        # Expansion step s drafts tree level s + 2 (the root pass gives level 1).
+        depth = max(0, self.auto_depth(min(self.config["depth"], ctx.max_nodes - 2) + 1) - 1)
         dev = self.target.device
         committed = self._cache.length
         top_score, top_tok = self.vocab.draft_topk(self._last, k)
@@ -62,7 +53,7 @@ class Eagle2(EagleCore):
         beam_feat = self._last.expand(k, -1)   # output of each beam's parent
         anc_rows: dict[int, list[int]] = {-1: []}  # candidate -> cached tree rows of it and its ancestors
         n_rows = 0
-        for step in range(max(0, depth)):
+        for step in range(depth):
             toks = torch.tensor([pool.tokens[c] for c in beam], device=dev)
             mask = self.tree_mask(committed, [anc_rows[pool.parents[c]] for c in beam], n_rows)
             pos = torch.full((len(beam),), committed + step, device=dev)
@@ -79,6 +70,5 @@ class Eagle2(EagleCore):
         self._cache.crop_to(committed)
         self.last_pool_size = len(pool)  # k + depth * k^2 (tests check it)
         nodes = pool.select(self.tree_budget(pool.scores), ctx.max_nodes)
-        if auto:  # expansion s makes depth s + 2: the deepest kept node needed (its depth - 1) steps
-            self._reach = max((n.depth for n in nodes), default=1)
+        self.note_kept(nodes)
         return build_tree(ctx.root, nodes)

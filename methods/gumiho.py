@@ -106,9 +106,9 @@ class Gumiho(EagleCore):
         self.to(device=target.device)
         self.train_epoch = 0
 
-    def run_mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., 2H] -> [..., heads, H]: every head on the same rows (one batched call per head)."""
-        return torch.stack([head(x) for head in self.mlp], dim=-2)
+    def run_mlp(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """[..., 2H] -> [..., heads, H]: the first `heads` heads (default all) on the same rows."""
+        return torch.stack([head(x) for head in self.mlp[:heads]], dim=-2)
 
     # ---- training -------------------------------------------------------------------------
     def loss(self, batch) -> dict[str, torch.Tensor]:
@@ -170,15 +170,18 @@ class Gumiho(EagleCore):
         d2_parent = (best // k).tolist()                     # index into the depth-1 beam (= its candidate id)
         d2_tok = child_tok.flatten()[best.to(dev)]
         d2_ids = pool.add(d2_tok.tolist(), [float(cu.flatten()[b]) for b in best.tolist()], d2_parent)
-        # 3. MLP rows [u1 ; u2].
-        u2 = self.fuse(d2_tok, out1[d2_parent])
-        slot1 = d2_parent if cfg["mlp_row_alignment"] == "parent" else list(range(k))
-        u1 = self.fuse(d1_tok[slot1], feats1[slot1])
-        # [k, heads, mlp_topk] scores and token ids, one projection for every head
-        mlp_score, mlp_tok = self.vocab.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1)), cfg["mlp_topk"])
+        # 3. MLP levels: head j drafts level j + 3 (a sized tree runs only the heads of the
+        # levels it may keep), all heads in one LM-head projection: [k, heads, mlp_topk].
+        heads = max(0, self.auto_depth(2 + cfg["mlp_heads"]) - 2)
+        if heads:
+            u2 = self.fuse(d2_tok, out1[d2_parent])          # rows [u1 ; u2]
+            slot1 = d2_parent if cfg["mlp_row_alignment"] == "parent" else list(range(k))
+            u1 = self.fuse(d1_tok[slot1], feats1[slot1])
+            mlp_score, mlp_tok = self.vocab.draft_topk(self.run_mlp(torch.cat([u1, u2], dim=-1), heads),
+                                                       cfg["mlp_topk"])
         # 4. Per MLP level, beams extend by their row's head distribution; global pruning.
         beams = [(c, r, pool.scores[c]) for r, c in enumerate(d2_ids)]    # (cand id, row, score)
-        for lvl in range(cfg["mlp_heads"]):
+        for lvl in range(heads):
             if not beams:
                 break
             rows = torch.tensor([r for _, r, _ in beams])
@@ -193,6 +196,7 @@ class Gumiho(EagleCore):
         # 5. Rerank to the budget, then full tree attention.
         budget = self.tree_budget(pool.scores)
         nodes = pool.select(budget, ctx.max_nodes)
+        self.note_kept(nodes)
         if cfg["fta"] == "exact":
             nodes = fta_exact(nodes, budget)
         tree = build_tree(ctx.root, nodes)

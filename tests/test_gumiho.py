@@ -36,12 +36,38 @@ def test_pool_at_paper_settings(tiny_target):
     assert torch.equal(m, tree.ancestor_mask)
 
 
+def test_auto_runs_mlp_heads_one_level_past_the_last_tree(tiny_target, monkeypatch):
+    """With total_tokens "auto" a step runs the MLP heads of at most one level deeper than the last
+    tree kept: after a tree of depth-1 nodes only, none (the serial level 2 is the next level); a
+    tree that keeps everything lets the heads come back a level per step (untrained weights; the
+    budget is forced)."""
+    torch.manual_seed(0)
+    d = Gumiho(tiny_target, {"total_tokens": "auto", "draft_vocab": 0, "fta": "off"}).eval()
+    k, heads, prune = d.config["top_k"], d.config["mlp_heads"], d.config["pruning"]
+    ctx = _begin(d, tiny_target, [1, 2, 3, 4, 5])
+    calls = []
+    monkeypatch.setattr(d, "run_mlp", lambda x, n=None, f=d.run_mlp: calls.append(n) or f(x, n))
+    monkeypatch.setattr(d, "tree_budget", lambda scores: 1)
+    tree = d.propose(ctx)
+    assert d.last_pool_size == 2 * k + heads * prune and calls == [heads]  # an answer's first step: all heads
+    assert tree.size == 1 and int(tree.depths.max()) == 1
+    d.propose(ctx)
+    assert d.last_pool_size == 2 * k and calls == [heads]  # no MLP call at all
+    monkeypatch.setattr(d, "tree_budget", lambda scores: len(scores))
+    pools = []
+    for _ in range(heads + 1):
+        d.propose(ctx)
+        pools.append(d.last_pool_size)
+    assert pools == [2 * k + h * prune for h in range(heads + 1)]  # the kept tree was only 1 deep
+    assert calls == [heads] + list(range(1, heads + 1))
+
+
 def test_mlp_heads_see_only_the_depth2_row(tiny_target, monkeypatch):
     d = Gumiho(tiny_target, {"fta": "off"})
     d.eval()
     seen = []
     real = d.run_mlp
-    monkeypatch.setattr(d, "run_mlp", lambda x: seen.append(x.shape) or real(x))
+    monkeypatch.setattr(d, "run_mlp", lambda x, heads=None: seen.append(x.shape) or real(x, heads))
     d.propose(_begin(d, tiny_target, [2, 7, 1, 8]))
     assert seen == [torch.Size([d.config["top_k"], 2 * tiny_target.hidden_size])]
 
