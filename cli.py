@@ -318,6 +318,21 @@ def plot(run_dir: RunFolderArg):
 
 @app.command()
 @friendly
+def curves(checkpoints: list[Path] = typer.Argument(..., help="checkpoint folders `train` wrote"),
+           out: Path = typer.Option(..., help="folder for training-curves.md/.png/.svg")):
+    """Held-out top-1 over training for each checkpoint (a table and a plot): has the budget flattened?"""
+    from harness.report.plots import plot_training_curves
+    from harness.report.training_curves import curves_markdown, read_curves
+
+    frame = read_curves(checkpoints)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "training-curves.md").write_text(curves_markdown(frame))
+    written = [out / "training-curves.md", *plot_training_curves(frame, out)]
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@app.command()
+@friendly
 def baseline(run_dir: RunFolderArg,
              save: Annotated[Path, typer.Option("--save", help="baseline JSON to write (e.g. results/baselines/X.json)")],
              allow_dirty: AllowDirtyOpt = False):

@@ -308,3 +308,29 @@ def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, n
         ax.grid(axis="x", visible=False)
         _legend_above(fig, handles, names)
         return _save(fig, Path(out), name)
+
+
+# ----------------------------------------------------------------------------- training
+
+def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-curves") -> list[Path]:
+    """Held-out top-1 against optimiser step, one panel per checkpoint, one line per predicted
+    depth (from `training_curves.read_curves`)."""
+    ckpts = list(dict.fromkeys(frame["checkpoint"]))
+    with _agg():
+        fig = _figure(1.6 * ((len(ckpts) + 1) // 2) + 0.4, COLUMN_WIDTH_IN * (2 if len(ckpts) > 1 else 1))
+        axes = np.atleast_1d(fig.subplots((len(ckpts) + 1) // 2, 2 if len(ckpts) > 1 else 1, squeeze=False)).ravel()
+        for ax, ckpt in zip(axes, ckpts):
+            g = frame[frame["checkpoint"] == ckpt]
+            color = method_color(g["method"].iloc[0])
+            metrics = list(dict.fromkeys(g["metric"]))
+            for i, metric in enumerate(metrics):
+                m = g[g["metric"] == metric]
+                ax.plot(m["step"], m["top1"], marker="o", color=color, alpha=1.0 - 0.6 * i / max(1, len(metrics) - 1),
+                        label=metric)
+            ax.set_title(ckpt)
+            ax.set_xlabel("Optimiser step")
+            ax.set_ylabel("Held-out top-1")
+            ax.legend(frameon=False, fontsize=5.5)
+        for ax in axes[len(ckpts):]:
+            ax.set_visible(False)
+        return _save(fig, Path(out), name)
