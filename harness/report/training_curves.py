@@ -57,7 +57,7 @@ def read_curves(folders: list[Path]) -> pd.DataFrame:
                     rows.append({"checkpoint": folder.name, "method": method, "step": step, "metric": label,
                                  "top1": float(value)})
     if not rows:
-        raise SpecbenchError("no held-out evaluations in these training logs (the trainer evaluates every 250 steps)")
+        raise SpecbenchError("no held-out evaluations in these training logs (the trainer evaluates every `eval_every` steps)")
     return pd.DataFrame(rows)
 
 
