@@ -31,13 +31,14 @@ class Eagle2(EagleCore):
     weights_from = "eagle"
     defaults: dict[str, Any] = {
         **EagleCore.defaults,
-        # CPU default, chosen on Sapphire Rapids (AMX): verifying 32 tokens costs ~1.3x a 1-token
-        # step in bf16 there (64: ~1.6x; on an AMD EPYC with AVX512-BF16: 1.6x and 2.1x, README),
-        # and a draft step ~4 ms against ~41 ms for the target; with heads trained on ~1 M tokens
-        # the extra nodes of a 60-token tree rarely pay. Official: top_k 10, depth 5, total 60.
+        # The tree budget is sized every step from this machine's measured verify cost curve
+        # ("auto", harness/core/cost_model.py): the best fixed size differs between CPU kinds (a
+        # 32-token verify costs ~1.3x a step in bf16 on Sapphire Rapids, 1.6-2x on an AMD EPYC),
+        # and on the EPYC auto beat every fixed size (README). An integer fixes it (the official
+        # GPU setting: top_k 10, depth 5, total 60; `--set total_tokens=32` for machine-independent τ).
         "top_k": 8,
         "depth": 4,
-        "total_tokens": 32,  # or "auto": sized per step from this machine's verify cost curve
+        "total_tokens": "auto",
     }
 
     @torch.inference_mode()

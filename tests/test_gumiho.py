@@ -133,7 +133,7 @@ def test_paper_fta_adds_only_borrowed_edges(tiny_target, trained_gumiho):
     path's leaf attends to (and is verified with) nodes of later columns, never its own ancestors."""
     trees = {}
     for fta in ("off", "paper"):
-        d = Gumiho.from_pretrained(trained_gumiho, tiny_target, {"fta": fta})
+        d = Gumiho.from_pretrained(trained_gumiho, tiny_target, {"fta": fta, "total_tokens": 32})
         trees[fta] = d.propose(_begin(d, tiny_target, [3, 1, 4, 1, 5, 9]))
     off, paper = trees["off"], trees["paper"]
     assert torch.equal(off.tokens, paper.tokens) and torch.equal(off.parents, paper.parents)
@@ -149,8 +149,8 @@ def test_paper_fta_mismatches_are_counted(tiny_target, trained_gumiho):
     """Paper FTA is not lossless, so it may leave AR's greedy output: the harness's count of answers
     that diverge from AR equals the answers that differ, counted here directly; the lossless
     variants (exact, off) count none."""
-    paper = {"fta": "paper", "mlp_row_alignment": "paper", "serial_sibling_mask": "paper"}
-    variants = {"paper": paper, "exact": {"fta": "exact"}, "off": {"fta": "off"}}
+    paper = {"fta": "paper", "mlp_row_alignment": "paper", "serial_sibling_mask": "paper", "total_tokens": 32}
+    variants = {"paper": paper, "exact": {"fta": "exact", "total_tokens": 32}, "off": {"fta": "off", "total_tokens": 32}}
     drafters = {name: Gumiho.from_pretrained(trained_gumiho, tiny_target, cfg) for name, cfg in variants.items()}
     records, differ = [], {name: 0 for name in variants}
     for q, p in enumerate(tiny_prompts(tiny_target.vocab_size, 8, seed=95)):

@@ -25,7 +25,8 @@ def test_reference_tau_has_not_dropped_and_outputs_equal_ar(smollm2_fp32, shared
     prov = json.loads(BASELINE.read_text())["provenance"]
     # The same settings as the command that wrote the baseline (see its "source" and README).
     cfg = RunConfig(methods=sorted(prov["checkpoints"]), benchmarks=list(prov["prompts"]), target="smollm2-135m",
-                    dtype="float32", device="cpu", limit=2, max_new_tokens=prov["max_new_tokens"])
+                    dtype="float32", device="cpu", limit=2, max_new_tokens=prov["max_new_tokens"],
+                    settings=prov.get("settings", {}))
     run = Runner(cfg, tmp_path / "run", shared_data, target=smollm2_fp32).run()
     verdict = check(tmp_path / "run", BASELINE)
     assert verdict.exit_code == 0, verdict.failed

@@ -123,6 +123,8 @@ def test_run_with_extra_cells_passes(run_dir, tmp_path):
                                     == (100, "mt_bench") else None), "prompts of mt_bench (digest)"),
     (lambda run, meta: edit_records(run, lambda r: r.update(checkpoint_hash="ck-new") if r["method"] == "eagle"
                                     else None), "drafter checkpoint hash of eagle"),
+    (lambda run, meta: edit_records(run, lambda r: r.update(config_hash="other-tree", key=None)
+                                    if r["method"] == "eagle" else None), "method settings of eagle"),
     (lambda run, meta: edit_records(run, lambda r: r.update(acceptance="typical", key=None)
                                     if (r["method"], r["temperature"]) == ("pld", 1) else None),
      "acceptance rule of pld"),

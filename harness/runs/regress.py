@@ -96,6 +96,7 @@ def provenance(run: RunData) -> dict[str, Any]:
         "cpu_model": meta.get("cpu_model") if device == "cpu" else None,
         "gpu": meta.get("gpu") if device != "cpu" else None,
         "max_new_tokens": config.get("max_new_tokens"),
+        "settings": config.get("settings") or {},  # --set of the run, to remake it (cells carry each method's hash)
         "prompts": prompts,
         "checkpoints": {m: sorted(v, key=str)[0] if len(v) == 1 else sorted(map(str, v))
                         for m, v in checkpoints.items()},
@@ -252,6 +253,9 @@ def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERAN
         if got is None and key in loose:
             raise _refuse(f"acceptance rule of {b['method']} {b['benchmark']} T={fmt_temperature(key[2])}",
                           b["acceptance"], loose[key]["acceptance"])
+        if got is not None and b.get("config_hash") and got.get("config_hash") != b["config_hash"]:
+            # e.g. a tree budget: τ moves with it, so a changed default must not pass as a drop or a gain
+            raise _refuse(f"method settings of {b['method']} (config hash)", b["config_hash"], got.get("config_hash"))
         row = {**{k: b[k] for k in ("method", "benchmark", "temperature", "acceptance")},
                "baseline_tau": b["tau"], "tau": None, "change": None, "status": "missing",
                "baseline_depth1": (b.get("per_depth") or [None])[0], "depth1": None}
