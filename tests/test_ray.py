@@ -23,8 +23,10 @@ DIAGNOSTICS = ("ar_top1", "ar_gap")  # AR's top-1 logit and top-1/top-2 gap per 
 
 
 def spec() -> GridSpec:
+    # The tree budget is pinned: total_tokens=auto sizes the tree from this machine's verify cost
+    # at the worker's thread count (one here, two in the serial run), so the steps would differ
     return GridSpec(methods=["pld", "eagle2"], benchmarks=["mt_bench", "gsm8k"], temperatures=[0.0], limit=2,
-                    max_new_tokens=32, dtype="float32", device="cpu")
+                    max_new_tokens=32, dtype="float32", device="cpu", settings={"eagle2.total_tokens": 32})
 
 
 @pytest.fixture(scope="module")
