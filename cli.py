@@ -564,14 +564,18 @@ def calibrate_tree_cmd(
     data: DistillDataOpt = [],
     prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
     shards: ShardsOpt = None,
-    save: bool = typer.Option(False, "--save", help="write the tree into the checkpoint's config.json as its default"),
+    save: bool = typer.Option(False, "--save", help="make the fitted candidates the checkpoint's default tree "
+                              "(tree=auto: sized per machine from its verify cost curve)"),
+    fixed: bool = typer.Option(False, "--fixed", help="with --save: the --nodes tree itself, on every machine"),
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     threads: ThreadsOpt = 0,
 ):
     """Fit the static draft tree of a medusa or hydra drafter to its heads on the held-out distilled
     answers (features cached per --dtype; training reports the same search for its configured node
-    count; `--save` makes the tree the default)."""
+    count). `--save` stores the 63 most frequent nodes with their held-out acceptance as the
+    checkpoint's default tree=auto: each run verifies the leading N of them that maximise expected
+    tokens per unit of this machine's verify cost; `--save --fixed` stores the --nodes tree."""
     from harness.core.target import Target
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter, save_tree
     from harness.train.pipeline import load_dataset
@@ -591,8 +595,9 @@ def calibrate_tree_cmd(
                   f"{result['expected_tau_current']:.3f} with the current tree (presets: {presets})")
     console.print(json.dumps(result["tree"]), soft_wrap=True)
     if save:
-        save_tree(folder, result)
-        console.print(f"saved as the decoding tree of {folder}")
+        save_tree(folder, result, fixed)
+        kind = f"the {result['nodes']}-node tree" if fixed else f"{len(result['candidates'])} candidates (tree=auto)"
+        console.print(f"saved {kind} as the decoding default of {folder}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import RankChildren, walk_static_tree
 from methods.base import LearnedDrafter
@@ -22,10 +23,13 @@ if TYPE_CHECKING:
 
 # Inference and head keys both methods take. The tree is the best 15 nodes of mc_sim_7b_63 (bf16
 # on Sapphire Rapids: a 16-token verify costs ~1.2x a step against ~1.6x for 64 tokens; on an
-# AMD EPYC with AVX512-BF16 1.15-1.3x against 2.1-2.6x); a checkpoint whose
-# config.json has a `decode.tree` (written by `calibrate-tree --save`) uses that instead. The
-# official tree is `--set tree=mc_sim_7b_63`. `draft_vocab` applies with share_lm_head only.
-HEAD_DEFAULTS: dict[str, Any] = {"share_lm_head": True, "tree": "cpu_15", "draft_vocab": 8192}
+# AMD EPYC with AVX512-BF16 1.15-1.3x against 2.1-2.6x); a checkpoint whose config.json has a
+# `decode.tree` (written by `calibrate-tree --save`) uses that instead: "auto" with the fitted
+# `tree_candidates` ([rank path, held-out acceptance frequency], most frequent first), sized once
+# per run from this machine's verify cost curve, or a fixed list. The official tree is `--set
+# tree=mc_sim_7b_63`. `draft_vocab` applies with share_lm_head only.
+HEAD_DEFAULTS: dict[str, Any] = {"share_lm_head": True, "tree": "cpu_15", "tree_candidates": None,
+                                 "draft_vocab": 8192}
 
 
 class HeadDrafter(LearnedDrafter):
@@ -36,7 +40,25 @@ class HeadDrafter(LearnedDrafter):
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
-        self.tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
+        self._tree: StaticTree | None = None
+        if self.config["tree"] == "auto":
+            if not self.config["tree_candidates"]:
+                raise SpecbenchError(f"{self.name}: tree=auto needs the candidates fitted to these heads: run "
+                                     f"`cli.py calibrate-tree -m {self.name} --save`, or --set tree=<preset>")
+        else:
+            self._tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
+
+    @property
+    def tree(self) -> StaticTree:
+        """The static tree; with tree "auto", the most frequent fitted candidates that pay most on
+        this machine's verify cost curve (measured once per machine, so sized at first use)."""
+        if self._tree is None:
+            from harness.core.cost_model import best_size, verify_cost_curve
+
+            cands = self.config["tree_candidates"]
+            n = best_size([p for _, p in cands], verify_cost_curve(self.target))
+            self._tree = StaticTree.for_heads([path for path, _ in cands[:n]], self.config["heads"])
+        return self._tree
 
     def own_proj(self, k: int) -> nn.Module | None:
         """Head k's own vocab projection (official layouts), or None: the frozen LM head."""

@@ -40,6 +40,16 @@ def test_budget_maximises_expected_tokens_per_cost():
     assert sizer.pending == pytest.approx(sum(math.exp(s) for s in scores[:n]))
 
 
+def test_best_size_by_hand():
+    probs = [0.6, 0.3, 0.1]
+    # tokens per cost: N=1 1.6/1.0, N=2 1.9/1.2 = 1.58, N=3 2.0/2.0
+    assert cost_model.best_size(probs, [[1, 1.0], [2, 1.0], [3, 1.2], [4, 2.0]]) == 1
+    # a cheaper 3-token verify: N=2 1.9/1.1 = 1.73 wins
+    assert cost_model.best_size(probs, [[1, 1.0], [2, 1.0], [3, 1.1], [4, 2.0]]) == 2
+    assert cost_model.best_size(probs, FLAT) == 3 and cost_model.best_size([], FLAT) == 0
+    assert cost_model.best_size(probs, STEEP, calibration=0.5) == 1  # the floor: min_keep
+
+
 def test_calibration_follows_the_answer_and_resets():
     sizer = TreeSizer(FLAT, max_keep=8, prior_weight=4.0)
     sizer.budget([0.0] * 8)          # predicts 8 accepted drafts

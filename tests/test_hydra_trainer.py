@@ -1,6 +1,8 @@
 """Hydra: teacher-loss offsets, exactness after brief training; the trainer resumes exactly."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -92,6 +94,10 @@ def test_interrupted_training_resumes_exactly(tiny_target, tiny_data, tmp_path, 
     t2.train()
     for (k, a), b in zip(ref.state_dict().items(), d2.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), k
+    # the weight file says where each session ran: the first from step 0, the resumed one from 6
+    sessions = json.loads((tmp_path / "run" / "config.json").read_text())["training"]["trained_on"]
+    assert [s["from_step"] for s in sessions] == [0, 6]
+    assert all(s["cpu_kind"] and s["torch"] == torch.__version__ for s in sessions)
 
 
 def test_warm_start_loads_the_checkpoint_and_counts_its_steps(tiny_target, tiny_data, tmp_path):

@@ -111,7 +111,46 @@ def test_calibrated_tree_beats_the_preset_and_becomes_the_checkpoint_default(tin
     # optimal on the measured ranks, so never worse than the preset's first 7 nodes
     assert result["expected_tau"] >= result["expected_tau_presets"]["cpu_7"] > 1.0
     d.save_pretrained(tmp_path / "ck")
-    save_tree(tmp_path / "ck", result)
+    save_tree(tmp_path / "ck", result, fixed=True)
     loaded = Medusa.from_pretrained(tmp_path / "ck", tiny_target)
     assert loaded.config["tree"] == result["tree"] and len(loaded.tree.nodes) == 7
     assert Medusa.from_pretrained(tmp_path / "ck", tiny_target, {"tree": "cpu_15"}).config["tree"] == "cpu_15"
+
+
+FLAT = [[1, 1.0], [64, 1.0]]              # a verify costs one step whatever its width
+STEEP = [[1, 1.0], [2, 2.0], [64, 64.0]]   # every token costs a step
+
+
+@pytest.mark.parametrize("cls, config", [(Medusa, {"heads": 3}), (Hydra, {"heads": 3, "layers": 1})])
+def test_auto_tree_is_sized_from_the_fitted_candidates_and_the_cost_curve(tiny_target, tmp_path, monkeypatch,
+                                                                          cls, config):
+    """--save stores the fitted candidates and tree=auto; a run verifies the leading N of them that
+    maximise (1 + sum of their acceptance frequencies) / cost(N + 1) on this machine's curve, and
+    decodes exactly as AR."""
+    from harness.core import cost_model
+    from harness.core.errors import SpecbenchError
+    from tests.test_exactness import prompts
+
+    d = _trained(cls, tiny_target, tmp_path, {**config, "tree": "cpu_15"})
+    data = tiny_dataset(tiny_target, n=40, seed=8)
+    result = calibrate_tree(d, data.train + data.valid, nodes=7)
+    cands = result["candidates"]
+    freqs = [p for _, p in cands]
+    assert len(cands) > 7 and freqs == sorted(freqs, reverse=True) and 0 < freqs[0] <= 1
+    assert [path for path, _ in cands[:7]] == result["tree"]
+    d.save_pretrained(tmp_path / "ck")
+    save_tree(tmp_path / "ck", result)
+    curve = [[1, 1.0], [4, 1.05], [8, 1.2], [16, 1.6], [64, 4.0]]
+    for c, expect in ((FLAT, len(cands)), (STEEP, 1), (curve, cost_model.best_size(freqs, curve))):
+        monkeypatch.setattr(cost_model, "verify_cost_curve", lambda target, repeats=5, c=c: c)
+        loaded = cls.from_pretrained(tmp_path / "ck", tiny_target)
+        assert loaded.config["tree"] == "auto"
+        assert loaded.tree.choices == [path for path, _ in cands[:expect]]
+        StaticTree(loaded.tree.choices)  # every leading run of the candidates is a valid tree
+    values = [(1 + sum(freqs[:n])) / cost_model.interpolate(curve, n + 1) for n in range(1, len(freqs) + 1)]
+    assert values[cost_model.best_size(freqs, curve) - 1] == max(values)
+    for p in prompts(tiny_target.vocab_size, n=3):
+        ar = generate(tiny_target, p, GenerationConfig(24))
+        assert generate(tiny_target, p, GenerationConfig(24), loaded).output_ids == ar.output_ids
+    with pytest.raises(SpecbenchError, match="calibrate-tree"):
+        cls(tiny_target, {**config, "tree": "auto"})

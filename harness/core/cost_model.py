@@ -10,6 +10,8 @@ tree's ranked candidates to verify: the N maximising expected new tokens per uni
 log-probs in rank order (exp(s_i) estimates the chance that candidate i lies on the accepted path,
 so the sum estimates the accepted drafts; EAGLE-2's own argument) and c calibrates that estimate
 against the drafts really accepted in this answer (Sequoia's hardware-aware sizing, per step).
+Medusa and Hydra size their static tree once per run by the same rule (`best_size`), with each
+candidate node's held-out acceptance frequency fitted by `calibrate-tree` as its probability.
 """
 from __future__ import annotations
 
@@ -112,6 +114,22 @@ def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
     return curve
 
 
+def best_size(probs: list[float], curve: list[list[float]], min_keep: int = 1, calibration: float = 1.0) -> int:
+    """How many of the ranked candidates to verify: the N >= min_keep (at most len(probs))
+    maximising (1 + calibration * sum(probs[:N])) / cost(N + 1), where probs[i] is the estimated
+    chance that candidate i is accepted and cost the verify cost curve (root + N draft tokens)."""
+    best_n, best_v, expected = min_keep, -1.0, 1.0
+    for n in range(len(probs) + 1):
+        if n:
+            expected += calibration * probs[n - 1]
+        if n < min_keep:
+            continue
+        v = expected / interpolate(curve, n + 1)
+        if v > best_v:
+            best_n, best_v = n, v
+    return min(best_n, len(probs))
+
+
 class TreeSizer:
     """Per-step tree budget from a cost curve and the drafter's own acceptance (see the module).
 
@@ -136,18 +154,8 @@ class TreeSizer:
 
     def budget(self, ranked_scores: list[float]) -> int:
         """How many of the candidates (cumulative log-probs, best first) to keep this step."""
-        c = self.calibration
         probs = [math.exp(s) for s in ranked_scores[: self.max_keep]]
-        best_n, best_v, expected = self.min_keep, -1.0, 1.0
-        for n in range(len(probs) + 1):
-            if n:
-                expected += c * probs[n - 1]
-            if n < self.min_keep:
-                continue
-            v = expected / interpolate(self.curve, n + 1)
-            if v > best_v:
-                best_n, best_v = n, v
-        best_n = min(best_n, len(probs))
+        best_n = best_size(probs, self.curve, self.min_keep, self.calibration)
         self.pending = sum(probs[:best_n])
         return best_n
 

@@ -16,10 +16,15 @@ def is_static_tree_drafter(drafter) -> bool:
     return hasattr(drafter, "teacher_forced_heads") and hasattr(drafter, "own_proj")
 
 
+# Fitted candidates kept for tree "auto": the verify cost curve is measured up to 64 tokens.
+CANDIDATES = 63
+
+
 def calibrate_tree(drafter, held_out: list, nodes: int, topk: int = 10) -> dict[str, Any]:
     """The best `nodes`-node static tree for `drafter` on the greedy answers among `held_out`,
-    with the τ it and the built-in presets are expected to reach there."""
-    from harness.train.tree_search import best_static_tree, expected_tau, greedy_sequences, rank_table
+    with the τ it and the built-in presets are expected to reach there, and the `CANDIDATES` most
+    frequent nodes with their acceptance frequency (what tree "auto" sizes from)."""
+    from harness.train.tree_search import expected_tau, greedy_sequences, rank_table, ranked_candidates
 
     if not is_static_tree_drafter(drafter):
         raise SpecbenchError(f"method '{drafter.name}' does not draft a static tree: calibrate-tree is for medusa and hydra")
@@ -27,21 +32,26 @@ def calibrate_tree(drafter, held_out: list, nodes: int, topk: int = 10) -> dict[
     if not seqs:
         raise SpecbenchError("no greedy answers in the held-out split: distill with --samples >= 1 (sample 0 is greedy)")
     ranks = rank_table(drafter, seqs)
-    tree = best_static_tree(ranks, nodes, topk)
+    candidates = ranked_candidates(ranks, max(nodes, CANDIDATES), topk)
+    tree = [path for path, _ in candidates[:nodes]]
     heads = drafter.config["heads"]
     presets = {name: round(expected_tau(ranks, StaticTree.for_heads(name, heads).choices), 4) for name in TREE_PRESETS}
     return {"tree": tree, "nodes": len(tree), "topk": topk, "conversations": len(seqs),
             "positions": int(len(ranks)), "expected_tau": round(expected_tau(ranks, tree), 4),
             "expected_tau_current": round(expected_tau(ranks, drafter.tree.choices), 4),
-            "expected_tau_presets": presets}
+            "expected_tau_presets": presets, "candidates": candidates}
 
 
-def save_tree(folder: Path, result: dict[str, Any]) -> None:
-    """Record the calibrated tree as the checkpoint's decoding default, with how it was found."""
+def save_tree(folder: Path, result: dict[str, Any], fixed: bool = False) -> None:
+    """Record the calibration as the checkpoint's decoding default, with how it was found: tree
+    "auto" and the fitted candidates (sized per machine at run time), or with `fixed` the
+    `nodes`-node tree itself."""
     path = Path(folder) / "config.json"
     if not path.exists():
         raise SpecbenchError(f"{folder} has no config.json: calibrate a specbench checkpoint (train one first)")
     meta = json.loads(path.read_text())
-    meta.setdefault("decode", {})["tree"] = result["tree"]
-    meta["tree_calibration"] = {k: v for k, v in result.items() if k != "tree"}
+    decode = meta.setdefault("decode", {})
+    decode["tree"] = result["tree"] if fixed else "auto"
+    decode["tree_candidates"] = result["candidates"]
+    meta["tree_calibration"] = {k: v for k, v in result.items() if k not in ("tree", "candidates")}
     path.write_text(json.dumps(meta, indent=2) + "\n")

@@ -49,12 +49,26 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
                       max_len=max_len, autocast=autocast)
     console.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
                   f"answer tokens for {steps} steps; checkpoints in {out}")
-    result = Trainer(drafter, dataset, cfg, out, console, prior=prior).train()
+    folders = list(data or [REPO_ROOT / "datasets" / "distill" / target.name])
+    sources = [{"folder": _repo_relative(Path(f)), "shards": shards or "all"} for f in folders]
+    result = Trainer(drafter, dataset, cfg, out, console, prior=prior, sources=sources).train()
     if is_static_tree_drafter(drafter):
         # The held-out τ the configured tree gets with these heads, and the best tree of that
         # size (reported; `cli.py calibrate-tree --save` makes it the checkpoint's default).
-        result["tree_calibration"] = calibrate_tree(drafter, dataset.valid, len(drafter.tree.choices))
+        fit = calibrate_tree(drafter, dataset.valid, len(drafter.tree.choices))
+        result["tree_calibration"] = {k: v for k, v in fit.items() if k != "candidates"}
     return {**result, "out": str(out)}
+
+
+def _repo_relative(folder: Path) -> str:
+    """A folder as the repository names it (never a path of this machine): relative to the
+    repository when inside it, else its name."""
+    from harness.core.paths import REPO_ROOT
+
+    try:
+        return str(folder.resolve().relative_to(REPO_ROOT.resolve()))
+    except ValueError:
+        return folder.name
 
 
 def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,

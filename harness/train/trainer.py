@@ -49,11 +49,24 @@ def _use_bf16(mode: str, device: torch.device) -> bool:
     return has_fast_bf16()
 
 
+def session_record(step: int) -> dict:
+    """Where one training session (a start or a resume) ran: the step it began at, the code's
+    commit and the machine, so a weight file says where and on what it was trained."""
+    from harness.runs.results import collect_meta
+
+    meta = collect_meta()
+    keep = ("commit", "dirty", "date", "cpu_model", "cpu_kind", "gpu", "torch_threads")
+    return {"from_step": step, **{k: meta.get(k) for k in keep}, "torch": torch.__version__}
+
+
 class Trainer:
     def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
-                 console: Console | None = None, prior: dict | None = None) -> None:
+                 console: Console | None = None, prior: dict | None = None,
+                 sources: list[dict] | None = None) -> None:
         self.drafter = drafter
         self.prior = prior  # the warm start's checkpoint {path, steps, seconds, epochs}, if any
+        self.sources = sources or []  # the distill folders trained on: [{folder, shards}]
+        self.sessions: list[dict] = []  # session_record of every start and resume
         self.data = data
         self.cfg = cfg
         self.out = Path(out)
@@ -85,7 +98,7 @@ class Trainer:
         state = {"model": {k: v for k, v in self.drafter.state_dict().items() if not k.startswith("target.")},
                  "opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step,
                  "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seconds": self.seconds,
-                 "cfg": asdict(self.cfg), "rng": self._rng}
+                 "cfg": asdict(self.cfg), "rng": self._rng, "sessions": self.sessions}
         tmp = self.state_path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(self.state_path)
@@ -100,6 +113,7 @@ class Trainer:
         self.sched.load_state_dict(state["sched"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch, self.seconds = state["batch_in_epoch"], state["seconds"]
+        self.sessions = state.get("sessions", [])
         torch.set_rng_state(state["rng"])
         self._rng = state["rng"]
         self.console.print(f"resuming {self.out} at step {self.step}/{self.cfg.steps}")
@@ -109,7 +123,7 @@ class Trainer:
         epochs = self.epoch + (1 if self.batch_in_epoch else 0)  # data passes begun
         out = {"steps": self.step, "target_steps": self.cfg.steps, "seconds": round(self.seconds, 1),
                "epochs": epochs, "train_tokens": self.data.train_tokens, "config": asdict(self.cfg),
-               "bf16_autocast": self.bf16}
+               "bf16_autocast": self.bf16, "data": self.sources, "trained_on": self.sessions}
         if self.prior:
             out.update(init_from=self.prior, total_steps=self.prior["steps"] + self.step,
                        total_seconds=round(self.prior["seconds"] + self.seconds, 1),
@@ -157,6 +171,8 @@ class Trainer:
 
     def train(self) -> dict:
         self.try_resume()
+        if self.step < self.cfg.steps:
+            self.sessions.append(session_record(self.step))
         self.drafter.train()
         cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[losses]}")]

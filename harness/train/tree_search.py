@@ -85,12 +85,20 @@ def prefix_counts(ranks: torch.Tensor, topk: int) -> Counter:
     return counts
 
 
-def best_static_tree(ranks: torch.Tensor, nodes: int, topk: int = 10) -> list[list[int]]:
-    """The `nodes` most frequent rank prefixes (ties: shallower, then lower ranks), as choices
-    ordered by frequency: a valid tree, and the best `nodes`-node static tree on `ranks`."""
+def ranked_candidates(ranks: torch.Tensor, nodes: int, topk: int = 10) -> list[list]:
+    """[[rank path, frequency], ...]: the `nodes` most frequent rank prefixes (ties: shallower,
+    then lower ranks), most frequent first, with the share of truth rows each is a prefix of (the
+    chance that node is accepted). Every leading run of the list is a valid tree, and the best
+    static tree of its size on `ranks`: what a tree sized on a cost curve picks from."""
     counts = prefix_counts(ranks, topk)
     order = sorted(counts, key=lambda p: (-counts[p], len(p), p))
-    return [list(p) for p in order[:nodes]]
+    total = max(len(ranks), 1)
+    return [[list(p), round(counts[p] / total, 6)] for p in order[:nodes]]
+
+
+def best_static_tree(ranks: torch.Tensor, nodes: int, topk: int = 10) -> list[list[int]]:
+    """The best `nodes`-node static tree on `ranks` (the most frequent rank prefixes), as choices."""
+    return [path for path, _ in ranked_candidates(ranks, nodes, topk)]
 
 
 def accepted_drafts(ranks: torch.Tensor, choices: list[list[int]]) -> torch.Tensor:
