@@ -46,3 +46,10 @@ def test_curves_cli_writes_table_and_plot_and_refuses_a_folder_without_a_log(tmp
                                                               "training-curves.svg"}
     res = cli.invoke(app, ["curves", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "train_log.jsonl" in res.output
+
+
+def test_checkpoints_of_one_name_are_told_apart(tmp_path):
+    old = _checkpoint(tmp_path / "reference" / "eagle", "eagle", [{"step": 100, "val_acc": 0.4}])
+    new = _checkpoint(tmp_path / "retrain" / "eagle", "eagle", [{"step": 100, "val_acc": 0.5}])
+    frame = read_curves([old, new])
+    assert sorted(zip(frame["checkpoint"], frame["top1"])) == [("reference/eagle", 0.4), ("retrain/eagle", 0.5)]

@@ -31,13 +31,24 @@ def metric_label(method: str, key: str) -> str | None:
     return "next token" if not m.group(1) else f"rollout step {m.group(1)}"
 
 
+def checkpoint_names(folders: list[Path]) -> list[str]:
+    """A label per folder: its name, or as many trailing path parts as tell it apart from the
+    others (`retrain/eagle` beside `smollm2-135m/eagle`)."""
+    parts = [Path(f).resolve().parts for f in folders]
+    for n in range(1, max((len(p) for p in parts), default=1) + 1):
+        names = ["/".join(p[-n:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [str(f) for f in folders]  # the same folder twice
+
+
 def read_curves(folders: list[Path]) -> pd.DataFrame:
     """One row per (checkpoint, metric, evaluation): columns checkpoint, method, step, metric, top1.
     `step` counts a warm start's earlier steps too; a row logged twice (a run resumed from an
     earlier checkpoint) counts once, the later copy."""
     rows = []
-    for folder in folders:
-        folder = Path(folder)
+    folders = [Path(f) for f in folders]
+    for folder, name in zip(folders, checkpoint_names(folders)):
         log, config = folder / "train_log.jsonl", folder / "config.json"
         if not log.exists() or not config.exists():
             raise SpecbenchError(f"{folder}: no train_log.jsonl/config.json there; point at a folder `cli.py train` wrote")
@@ -54,7 +65,7 @@ def read_curves(folders: list[Path]) -> pd.DataFrame:
             for key, value in e.items():
                 label = metric_label(method, key)
                 if label is not None:
-                    rows.append({"checkpoint": folder.name, "method": method, "step": step, "metric": label,
+                    rows.append({"checkpoint": name, "method": method, "step": step, "metric": label,
                                  "top1": float(value)})
     if not rows:
         raise SpecbenchError("no held-out evaluations in these training logs (the trainer evaluates every `eval_every` steps)")
