@@ -38,7 +38,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import harness.core.verify as verify_module  # noqa: E402
-from harness.core.decode import Answer, GenerationConfig, generate, prefill, speculative_step  # noqa: E402
+from harness.core.decode import (  # noqa: E402
+    Answer,
+    GenerationConfig,
+    generate,
+    prefill,
+    speculative_step,
+)
 from harness.core.target import Target  # noqa: E402
 from harness.core.verify import Sampling, Verdict, processed_probs, sample  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
@@ -265,7 +271,7 @@ def main() -> int:
 
 
 def write(args: argparse.Namespace, rows: list[dict]) -> None:
-    from harness.runs.results import collect_meta
+    from harness.core.machine_meta import collect_meta
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # the options that shape the result; the two paths are this machine's, so they stay out

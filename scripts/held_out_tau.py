@@ -22,9 +22,9 @@ import torch  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
+from harness.core.machine_meta import collect_meta  # noqa: E402
 from harness.core.paths import REPO_ROOT  # noqa: E402
 from harness.core.target import Target  # noqa: E402
-from harness.runs.results import collect_meta  # noqa: E402
 from harness.train.data import HOLDOUT_SHARE, _held_out  # noqa: E402
 from harness.train.distill import Conversations, load_distilled, read_prompts  # noqa: E402
 from methods.registry import get_method  # noqa: E402

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.core.cost_model import CURVE_SIZES  # noqa: E402
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.draft_layers import DecoderStack  # noqa: E402
+from harness.core.machine_meta import collect_meta  # noqa: E402
 from harness.core.packed_linear import set_packing  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
-from harness.runs.results import collect_meta  # noqa: E402
 from harness.runs.runner import method_overrides, parse_settings  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from cli import app
 from harness.core import hardware
 from harness.core.errors import SpecbenchError
+from harness.core.machine_meta import collect_meta
 from harness.core.target import resolve_dtype
 from harness.runs import regress
-from harness.runs.results import collect_meta
 from tests.test_regress import edit_json, edit_records
 from tests.test_report import write_run
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from harness.core import machine_meta
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
 from harness.runs import metrics, results
@@ -205,7 +206,7 @@ def test_record_key():
 # ----------------------------------------------------------------------------- metadata
 
 def test_collect_meta_has_keys():
-    meta = results.collect_meta()
+    meta = machine_meta.collect_meta()
     for key in ("commit", "dirty", "date", "python", "packages", "torch_threads", "platform",
                 "cpu_model", "cpu_kind", "cpu_flags", "logical_cores", "memory_gib", "gpu", "load_avg_1m",
                 "hostname"):
@@ -222,12 +223,12 @@ def test_collect_meta_has_keys():
 
 
 def test_load_average_warning(monkeypatch):
-    monkeypatch.setattr(results.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(results.os, "getloadavg", lambda: (0.3, 0.0, 0.0))
-    assert results.load_average_warning() is None
-    monkeypatch.setattr(results.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
-    assert "1.20" in results.load_average_warning()
-    assert results.load_average_warning(cores=2) is None  # 2 cores left free absorb the load
+    monkeypatch.setattr(machine_meta.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(machine_meta.os, "getloadavg", lambda: (0.3, 0.0, 0.0))
+    assert machine_meta.load_average_warning() is None
+    monkeypatch.setattr(machine_meta.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert "1.20" in machine_meta.load_average_warning()
+    assert machine_meta.load_average_warning(cores=2) is None  # 2 cores left free absorb the load
 
 
 # ----------------------------------------------------------------------------- run directory

@@ -11,7 +11,12 @@ from harness.core.decode import GenerationConfig, generate
 from harness.core.tree import StaticTree
 from harness.train.calibrate import calibrate_tree, save_tree
 from harness.train.data import DistillBatch
-from harness.train.tree_search import accepted_drafts, best_static_tree, expected_tau, truth_ranks
+from harness.train.tree_search import (
+    accepted_drafts,
+    best_static_tree,
+    expected_tau,
+    truth_ranks,
+)
 from methods.draft_vocab import UNREACHABLE
 from methods.hydra import Hydra
 from methods.medusa import Medusa

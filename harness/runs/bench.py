@@ -28,9 +28,9 @@ from rich.table import Table
 from harness.core.cost_model import CURVE_SIZES, forward_cost_ms, median_ms
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
+from harness.core.machine_meta import collect_meta, load_average_warning
 from harness.core.target import Target
 from harness.runs.benchmarks import load_questions, resolve_data_dir
-from harness.runs.results import collect_meta, load_average_warning
 
 
 def weight_bytes(target: Target) -> int:

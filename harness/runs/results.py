@@ -1,7 +1,8 @@
 """Run directories, record keys, and the machine metadata stored beside every run.
 
 A run directory holds:
-- `meta.json`: the run config, its hash, the machine/software state (`collect_meta`) and the
+- `meta.json`: the run config, its hash, the machine/software state
+  (`harness.core.machine_meta.collect_meta`) and the
   start time of every (re)start of the run;
 - `records.jsonl`: one JSON object per answer, appended and fsynced one at a time so that a
   crash loses at most the answer being written;
@@ -13,23 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
-import subprocess
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from harness.core.errors import SpecbenchError
-from harness.core.hardware import cpu_flags, cpu_kind, cpu_model
 from harness.core.hashing import canonical_json, config_hash
-
-# Packages whose versions change numbers (kernels, cache internals, quantisation readers).
-META_PACKAGES = ("torch", "transformers", "accelerate", "gguf", "pandas", "numpy", "specbench")
-# Load left over for other processes before they compete with a run; see load_average_warning.
-LOAD_THRESHOLD = 0.5
-
+from harness.core.machine_meta import collect_meta, git_state
 
 # ----------------------------------------------------------------------------- record keys
 
@@ -51,7 +42,7 @@ def record_key(rec: dict) -> str:
     return "|".join(str(p) for p in parts)
 
 
-# ----------------------------------------------------------------------------- machine metadata
+# ----------------------------------------------------------------------------- provenance
 
 def refuse_dirty(meta: dict, what: str, allow_dirty: bool) -> None:
     """Refuse to make reference results (`what`) from a run whose tree had uncommitted changes."""
@@ -63,120 +54,6 @@ def refuse_dirty(meta: dict, what: str, allow_dirty: bool) -> None:
             f"{what}: the run was made from a tree with uncommitted changes (commit {str(meta.get('commit'))[:7]}+); "
             "commit and rerun it, or pass --allow-dirty")
 
-
-def _git(args: list[str], cwd: Path) -> str | None:
-    """stdout of a git command, or None when git is missing, slow, or this is not a checkout."""
-    try:
-        out = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout
-
-
-def _git_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout holding this file; (None, None) outside a git checkout."""
-    here = Path(__file__).resolve().parent
-    commit = _git(["rev-parse", "HEAD"], here)
-    if commit is None:
-        return None, None
-    status = _git(["status", "--porcelain"], here)
-    return commit.strip(), (None if status is None else bool(status.strip()))
-
-
-def _package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in META_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def _memory_gib() -> float | None:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _load_1m() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # Windows has no load average
-        return None
-
-
-def _torch_state() -> tuple[int | None, str | None, int]:
-    """(torch threads, name of GPU 0 or None, GPU count); all empty when torch is missing."""
-    try:
-        import torch
-    except Exception:  # a broken torch install must not stop metadata collection
-        return None, None, 0
-    threads = torch.get_num_threads()
-    try:
-        if torch.cuda.is_available():
-            return threads, torch.cuda.get_device_name(0), torch.cuda.device_count()
-    except Exception:  # driver errors: report no GPU rather than fail the run
-        pass
-    return threads, None, 0
-
-
-def collect_meta() -> dict[str, Any]:
-    """Software and machine state for meta.json. Never raises: anything unknown is null.
-
-    Keys: commit, dirty, date, python, packages, torch_threads, platform, cpu_model, cpu_kind, cpu_flags,
-    logical_cores, memory_gib, gpu, gpu_count, load_avg_1m, hostname.
-    """
-    commit, dirty = _git_state()
-    threads, gpu, gpu_count = _torch_state()
-    return {
-        "commit": commit,
-        "dirty": dirty,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "packages": _package_versions(),
-        "torch_threads": threads,
-        "platform": platform.platform(),
-        "cpu_model": cpu_model(),
-        "cpu_kind": cpu_kind(),
-        "cpu_flags": cpu_flags(),
-        "logical_cores": os.cpu_count(),
-        "memory_gib": _memory_gib(),
-        "gpu": gpu,
-        "gpu_count": gpu_count,
-        "load_avg_1m": _load_1m(),
-        "hostname": socket.gethostname(),
-    }
-
-
-def load_average_warning(cores: int | None = None) -> str | None:
-    """A warning when another process is competing for the CPU, else None.
-
-    `cores` is how many logical cores the run will use (default: all of them). The run is
-    contended when the 1-min load average exceeds `LOAD_THRESHOLD` (0.5) plus the cores the run
-    leaves free: on an idle machine the load sits near 0, and a half-busy core elsewhere already
-    moves CPU timings by several percent. Call it before loading the model: the load average is
-    a decaying 1-minute mean that also counts this process's own recent work.
-    """
-    load = _load_1m()
-    logical = os.cpu_count() or 1
-    if load is None:
-        return None
-    used = logical if cores is None else max(1, min(cores, logical))
-    threshold = LOAD_THRESHOLD + (logical - used)
-    if load <= threshold:
-        return None
-    return (
-        f"1-min load average is {load:.2f} on {logical} logical cores (a run on {used} tolerates "
-        f"{threshold:.1f}): another process competes for the CPU, so seconds and speedups will be "
-        f"noisy; wait for it to finish"
-    )
-
-
-# ----------------------------------------------------------------------------- run directory
 
 def _short(value: Any, limit: int = 60) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
@@ -271,7 +148,7 @@ class RunDir:
                 )
             meta["runs"] = [*meta.get("runs", []), now]
             # A resume from another commit or a dirty tree mixes provenance: say so in meta.json.
-            commit, dirty = _git_state()
+            commit, dirty = git_state()
             if (commit, dirty) != (meta.get("commit"), meta.get("dirty")):
                 meta["resumed_at"] = [*meta.get("resumed_at", []), {"date": now, "commit": commit, "dirty": dirty}]
         # Write to a temp file and rename, so a crash never leaves a half-written meta.json.

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from harness.train.data import FeatureDataset, batches
 
@@ -52,7 +59,7 @@ def _use_bf16(mode: str, device: torch.device) -> bool:
 def session_record(step: int) -> dict:
     """Where one training session (a start or a resume) ran: the step it began at, the code's
     commit and the machine, so a weight file says where and on what it was trained."""
-    from harness.runs.results import collect_meta
+    from harness.core.machine_meta import collect_meta
 
     meta = collect_meta()
     keep = ("commit", "dirty", "date", "cpu_model", "cpu_kind", "gpu", "torch_threads")
