@@ -38,13 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import harness.core.verify as verify_module  # noqa: E402
-from harness.core.decode import (  # noqa: E402
-    Answer,
-    GenerationConfig,
-    generate,
-    prefill,
-    speculative_step,
-)
+from harness.core.decode import Answer, GenerationConfig, generate, prefill, speculative_step  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.core.verify import Sampling, Verdict, processed_probs, sample  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402

@@ -11,12 +11,7 @@ from harness.core.decode import GenerationConfig, generate
 from harness.core.tree import StaticTree
 from harness.train.calibrate import calibrate_tree, save_tree
 from harness.train.data import DistillBatch
-from harness.train.tree_search import (
-    accepted_drafts,
-    best_static_tree,
-    expected_tau,
-    truth_ranks,
-)
+from harness.train.tree_search import accepted_drafts, expected_tau, ranked_candidates, truth_ranks
 from methods.draft_vocab import UNREACHABLE
 from methods.hydra import Hydra
 from methods.medusa import Medusa
@@ -36,12 +31,12 @@ def test_best_tree_is_the_optimum_over_every_valid_tree():
     ranks = torch.tensor([[0, 0, 1], [0, 0, 1], [0, 1, X], [1, 0, 0], [2, X, X], [0, 0, 0],
                           [X, 0, 0], [1, 0, X], [0, 2, 0], [3, 0, 0]])
     # by hand: prefix counts [0]:5 [0,0]:3 [1]:2 [1,0]:2 [0,0,1]:2 ...
-    assert best_static_tree(ranks, 2, topk=4) == [[0], [0, 0]]
+    assert ranked_candidates(ranks, 2, topk=4) == [[[0], 0.5], [[0, 0], 0.3]]  # with their frequencies
     assert expected_tau(ranks, [[0], [0, 0]]) == pytest.approx(1 + (5 + 3) / 10)
     assert accepted_drafts(ranks, [[0], [0, 0], [1]]).tolist() == [2, 2, 1, 1, 0, 2, 0, 1, 1, 0]
     candidates = sorted({tuple(r[:d]) for r in ranks.tolist() for d in range(1, 4) if max(r[:d]) < 4})
     for size in (1, 3, 4, 5):
-        best = best_static_tree(ranks, size, topk=4)
+        best = [path for path, _ in ranked_candidates(ranks, size, topk=4)]
         StaticTree(best)  # a valid tree: every node's parent is in it
         optimum = max(expected_tau(ranks, t) for t in _valid_trees(candidates, size))
         assert expected_tau(ranks, best) == pytest.approx(optimum)

@@ -1,8 +1,8 @@
-"""Run directories, record keys, and the machine metadata stored beside every run.
+"""Run directories and record keys; the machine metadata stored beside every run comes from
+`harness.core.machine_meta`.
 
 A run directory holds:
-- `meta.json`: the run config, its hash, the machine/software state
-  (`harness.core.machine_meta.collect_meta`) and the
+- `meta.json`: the run config, its hash, the machine/software state (`collect_meta`) and the
   start time of every (re)start of the run;
 - `records.jsonl`: one JSON object per answer, appended and fsynced one at a time so that a
   crash loses at most the answer being written;

@@ -33,13 +33,7 @@ from harness.core.hashing import config_hash
 from harness.core.machine_meta import load_average_warning
 from harness.core.target import Target, check_target_spec
 from harness.core.verify import LOSSY_RULES, Sampling, default_rule
-from harness.runs.benchmarks import (
-    PromptFile,
-    Question,
-    load_questions,
-    resolve_data_dir,
-    verify_data_dir,
-)
+from harness.runs.benchmarks import PromptFile, Question, load_questions, resolve_data_dir, verify_data_dir
 from harness.runs.metrics import AR_METHOD, attach_divergences, write_summary
 from harness.runs.results import RunDir, default_run_dir, record_key
 

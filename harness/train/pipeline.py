@@ -25,7 +25,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
     checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
     the summary counts the earlier steps so the total budget stays traceable."""
-    from harness.core.paths import REPO_ROOT
+    from harness.core.paths import REPO_ROOT, repo_relative
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter
     from harness.train.trainer import TrainConfig, Trainer
     from methods.registry import get_method
@@ -49,8 +49,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
                       max_len=max_len, autocast=autocast)
     console.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
                   f"answer tokens for {steps} steps; checkpoints in {out}")
-    folders = list(data or [REPO_ROOT / "datasets" / "distill" / target.name])
-    sources = [{"folder": _repo_relative(Path(f)), "shards": shards or "all"} for f in folders]
+    sources = [{"folder": repo_relative(f), "shards": shards or "all"} for f in distill_folders(target, data)]
     result = Trainer(drafter, dataset, cfg, out, console, prior=prior, sources=sources).train()
     if is_static_tree_drafter(drafter):
         # The held-out τ the configured tree gets with these heads, and the best tree of that
@@ -60,15 +59,11 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     return {**result, "out": str(out)}
 
 
-def _repo_relative(folder: Path) -> str:
-    """A folder as the repository names it (never a path of this machine): relative to the
-    repository when inside it, else its name."""
+def distill_folders(target, data: list[Path] | None) -> list[Path]:
+    """The distill folders to train on: those given, else datasets/distill/<target>."""
     from harness.core.paths import REPO_ROOT
 
-    try:
-        return str(folder.resolve().relative_to(REPO_ROOT.resolve()))
-    except ValueError:
-        return folder.name
+    return [Path(f) for f in data] if data else [REPO_ROOT / "datasets" / "distill" / target.name]
 
 
 def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
@@ -77,15 +72,13 @@ def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT
     the first `shards` shards of each, if given) with its train/held-out split; features are
     extracted first. The split hashes a conversation's opening, so a follow-up conversation lands
     on the same side as its first turn."""
-    from harness.core.paths import REPO_ROOT
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
 
-    folders = list(data or [REPO_ROOT / "datasets" / "distill" / target.name])
     loaded = []
     with Progress(console=console or Console(stderr=True)) as progress:
-        for folder in folders:
-            feats = extract_features(target, Path(folder), prompts, progress=progress, shards=shards)
+        for folder in distill_folders(target, data):
+            feats = extract_features(target, folder, prompts, progress=progress, shards=shards)
             loaded += load_feature_shards(feats, shards)
     return FeatureDataset(loaded)
 

@@ -96,11 +96,6 @@ def ranked_candidates(ranks: torch.Tensor, nodes: int, topk: int = 10) -> list[l
     return [[list(p), round(counts[p] / total, 6)] for p in order[:nodes]]
 
 
-def best_static_tree(ranks: torch.Tensor, nodes: int, topk: int = 10) -> list[list[int]]:
-    """The best `nodes`-node static tree on `ranks` (the most frequent rank prefixes), as choices."""
-    return [path for path, _ in ranked_candidates(ranks, nodes, topk)]
-
-
 def accepted_drafts(ranks: torch.Tensor, choices: list[list[int]]) -> torch.Tensor:
     """[N]: drafts a static tree of `choices` gets accepted at each truth row (greedy verification:
     the deepest tree node whose rank path is a prefix of the row)."""
