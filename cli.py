@@ -20,6 +20,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole tables
 err = Console(stderr=True)
 
+
+
+@app.callback()
+def main() -> None:
+    """Benchmark speculative decoders on one common code path."""
+    from harness.core.allocator import keep_freed_memory
+
+    keep_freed_memory()  # big tensors reuse heap memory instead of being page-faulted in anew
+
+
 # Options shared by several commands, declared once; each command gives the default.
 TargetOpt = Annotated[str, typer.Option(help="alias, HF dir, .gguf file or hub id")]
 DtypeOpt = Annotated[str, typer.Option(help="target dtype: auto | float32 | bfloat16 | float16")]

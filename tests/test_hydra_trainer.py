@@ -36,6 +36,28 @@ def test_frozen_head_ce_matches_autograd():
     assert torch.allclose(pred.grad, ref_pred.grad, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [3, None])
+def test_frozen_head_ce_hard_labels_skip_masked_rows(chunk):
+    """Hard labels, fractional weights, masked rows (only rows with weight are projected): loss,
+    gradient and top-1 agreement as autograd computes them over all rows."""
+    torch.manual_seed(1)
+    w = torch.randn(40, 8)
+    pred = torch.randn(11, 8, requires_grad=True)
+    labels = torch.randint(0, 40, (11,))
+    mask = torch.tensor([1, 0, 0.5, 1, 1, 0, 0, 1, 2, 0, 1.0])
+    loss, acc = frozen_head_ce(pred, w, mask, labels=labels, chunk=chunk)
+    loss.backward()
+    ref_pred = pred.detach().clone().requires_grad_(True)
+    logq = (ref_pred @ w.T).log_softmax(-1)
+    ref = -(logq.gather(-1, labels[:, None]).squeeze(-1) * mask).sum() / mask.sum()
+    ref.backward()
+    assert torch.allclose(loss, ref, atol=1e-5)
+    assert torch.allclose(pred.grad, ref_pred.grad, atol=1e-5)
+    assert pred.grad[mask == 0].abs().max() == 0
+    hits = (logq.argmax(-1) == labels).float()
+    assert torch.allclose(acc, (hits * mask).sum() / mask.sum())
+
+
 def test_hydra_loss_offsets(tiny_target):
     d = Hydra(tiny_target, {"heads": 2, "layers": 1, "dropout": 0.0})
     T, H = 7, tiny_target.hidden_size

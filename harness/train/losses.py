@@ -13,33 +13,45 @@ from __future__ import annotations
 import torch
 
 
+# Elements of one chunk's logits: 16 MB in float32, under glibc's largest mmap threshold (32 MB).
+CHUNK_ELEMENTS = 1 << 22
+
+
 class _FrozenHeadCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pred, weight, target_hidden, labels, mask, chunk):
-        n = pred.shape[0]
+        # Only rows with mask set are projected (prompt and padding rows are a large share of a
+        # batch). A chunk's [rows, V] float32 temporaries stay under glibc's 32 MB mmap threshold:
+        # larger ones are mapped fresh and page-faulted on every allocation, which made each
+        # elementwise pass over the logits 3-7x slower than the arithmetic (Sapphire Rapids).
+        chunk = chunk or max(1, CHUNK_ELEMENTS // weight.shape[0])
+        rows = mask.nonzero().squeeze(-1)
+        weights = mask[rows].float()
         count = mask.sum().clamp_min(1.0)
         grad = torch.zeros_like(pred, dtype=torch.float32)
         total = pred.new_zeros((), dtype=torch.float32)
         correct = pred.new_zeros((), dtype=torch.float32)
         w = weight.detach()
-        for s in range(0, n, chunk):
-            m = mask[s : s + chunk].float()
-            if not bool(m.any()):
-                continue
-            z = (pred[s : s + chunk].detach().to(w.dtype) @ w.T).float()
-            logq = z.log_softmax(-1)
+        for s in range(0, rows.numel(), chunk):
+            idx = rows[s : s + chunk]
+            m = weights[s : s + chunk]
+            logq = (pred[idx].detach().to(w.dtype) @ w.T).float().log_softmax(-1)
+            hit = logq.max(-1).indices  # = argmax (first maximum), ~3x faster on CPU
             if labels is not None:
-                tgt = labels[s : s + chunk]
-                p = torch.zeros_like(z).scatter_(-1, tgt.clamp_min(0)[:, None], 1.0)
+                tgt = labels[idx]
                 t_arg = tgt
+                total -= (logq.gather(-1, tgt.clamp_min(0)[:, None]).squeeze(-1) * m).sum()
+                g = logq.exp_()
+                g.scatter_add_(-1, tgt.clamp_min(0)[:, None], -torch.ones_like(m)[:, None])
             else:
-                zt = (target_hidden[s : s + chunk].to(w.dtype) @ w.T).float()
+                zt = (target_hidden[idx].to(w.dtype) @ w.T).float()
+                t_arg = zt.max(-1).indices
                 p = zt.softmax(-1)
-                t_arg = zt.argmax(-1)
-            total += -((p * logq).sum(-1) * m).sum()
-            correct += ((z.argmax(-1) == t_arg).float() * m).sum()
-            g = (logq.exp() - p) * m[:, None]
-            grad[s : s + chunk] = (g.to(w.dtype) @ w).float()
+                del zt
+                total -= ((p * logq).sum(-1) * m).sum()
+                g = logq.exp_().sub_(p)
+            correct += ((hit == t_arg).float() * m).sum()
+            grad[idx] = (g.to(w.dtype) @ w).float() * m[:, None]
         ctx.save_for_backward(grad / count)
         ctx.pred_dtype = pred.dtype
         return total / count, correct / count
@@ -52,11 +64,12 @@ class _FrozenHeadCE(torch.autograd.Function):
 
 def frozen_head_ce(pred: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, *,
                    target_hidden: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                   chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean CE over rows where mask is set, of logits pred @ weight^T against either the soft
     targets softmax(target_hidden @ weight^T) (teacher distillation) or hard `labels`.
 
     pred: [N, H] (any leading dims are flattened); weight: [V, H] frozen; mask: [N].
+    chunk: rows projected at once (default: CHUNK_ELEMENTS // V).
     Returns (loss, top-1 agreement with the teacher's argmax / the label), both scalars.
     """
     h = pred.shape[-1]
