@@ -20,6 +20,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,6 +29,9 @@ from harness.core.tree import DraftTree
 
 CURVE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 CURVE_CONTEXT = 256
+# Cores' worth of CPU other processes may use during the measurement before its curve is not
+# cached: a contended curve would size every later run's trees on this machine.
+CONTENDED_CORES = 0.25
 
 
 def interpolate(curve: list[list[float]], k: int) -> float:
@@ -94,19 +98,28 @@ def _cache_file(target) -> Path:
 
 def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
     """[[k, cost(k) / cost(1)], ...] on `target` here, measured once per machine, thread count,
-    target, dtype and runtime (eager or compiled), then read from $SPECBENCH_CACHE/cost_curves/."""
+    target, dtype and runtime (eager or compiled), then read from $SPECBENCH_CACHE/cost_curves/.
+    A curve measured while other processes competed for the CPU is used but not cached."""
     path = _cache_file(target)
     if path.exists():
         try:
             return json.loads(path.read_text())["curve"]
         except (ValueError, KeyError):
             pass  # a torn or foreign file: measure again
-    ms = forward_cost_ms(target, [CURVE_CONTEXT], list(CURVE_SIZES), repeats)[CURVE_CONTEXT]
+    from harness.core.machine_meta import OtherCpuUse
+
+    with OtherCpuUse() as others:
+        ms = forward_cost_ms(target, [CURVE_CONTEXT], list(CURVE_SIZES), repeats)[CURVE_CONTEXT]
     # A cost never falls as k grows: noise below an earlier size is clipped to it.
     curve, floor = [], 0.0
     for k in CURVE_SIZES:
         floor = max(floor, ms[k] / ms[1])
         curve.append([k, round(floor, 4)])
+    if others.cores is not None and others.cores > CONTENDED_CORES:
+        warnings.warn(f"other processes used {others.cores:.2f} cores while the verify cost curve was measured: "
+                      f"it sizes this run's trees but is not cached; rerun with the machine idle", RuntimeWarning,
+                      stacklevel=2)
+        return curve
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"curve": curve, "ms": ms, "target": target.name, "dtype": str(target.dtype)}) + "\n")

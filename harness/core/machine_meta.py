@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import subprocess
+import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -106,6 +107,39 @@ def collect_meta() -> dict[str, Any]:
         "load_avg_1m": _load_1m(),
         "hostname": socket.gethostname(),
     }
+
+
+class OtherCpuUse:
+    """Context manager: how many cores' worth of CPU time other processes used while its block
+    ran (`cores`, None where /proc/stat is missing). The machine's busy time from /proc/stat minus
+    this process's own CPU time, over the wall time: unlike the load average it does not count
+    this process's own earlier work, so a run can ask it in the middle of its measurement."""
+
+    def __enter__(self) -> "OtherCpuUse":
+        self.cores: float | None = None
+        self._start = (_busy_seconds(), _own_cpu_seconds(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy0, own0, wall0 = self._start
+        busy1, own1, wall1 = _busy_seconds(), _own_cpu_seconds(), time.perf_counter()
+        if busy0 is not None and busy1 is not None and wall1 > wall0:
+            self.cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (wall1 - wall0))
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (Linux: /proc/stat's first line)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def load_average_warning(cores: int | None = None) -> str | None:
