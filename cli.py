@@ -21,7 +21,6 @@ console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes
 err = Console(stderr=True)
 
 
-
 @app.callback()
 def main() -> None:
     """Benchmark speculative decoders on one common code path."""

@@ -111,3 +111,26 @@ def test_other_cpu_use_reads_this_machine():
     with OtherCpuUse() as others:
         sum(range(3_000_000))
     assert others.cores is not None and others.cores >= 0.0
+
+
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+def test_auto_tree_size_stays_exact(tiny_target, tmp_path, monkeypatch, method):
+    import torch
+
+    from harness.core.decode import GenerationConfig, generate
+    from methods.registry import get_method
+    from tests.test_exactness import prompts
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(cost_model, "verify_cost_curve", lambda target, repeats=5: [[1, 1.0], [8, 1.1], [64, 3.0]])
+    monkeypatch.setattr("methods.eagle.verify_cost_curve", cost_model.verify_cost_curve)
+    torch.manual_seed(3)
+    d = get_method(method)(tiny_target, {"total_tokens": "auto", "draft_vocab": 0}).eval()
+    cfg = GenerationConfig(max_new_tokens=24)
+    sizes = []
+    for p in prompts(tiny_target.vocab_size, n=4):
+        ar = generate(tiny_target, p, cfg)
+        sp = generate(tiny_target, p, cfg, d)
+        assert sp.output_ids == ar.output_ids
+        sizes += sp.tree_size
+    assert len(set(sizes)) > 1, "the budget never moved"
