@@ -109,6 +109,9 @@ def test_interrupted_training_resumes_exactly(tiny_target, tiny_data, tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         Trainer(d, tiny_data, cfg(), tmp_path / "run").train()
     monkeypatch.setattr(Medusa, "loss", real)
+    log = tmp_path / "run" / "train_log.jsonl"
+    with log.open("a") as f:  # what a kill -9 after step 7 leaves: a logged step past the checkpoint
+        f.write(json.dumps({"step": 7, "loss": 1.0}) + "\n")
     torch.manual_seed(999)  # a fresh process: the RNG must come from the checkpoint
     d2 = Medusa(tiny_target, {"heads": 2})
     t2 = Trainer(d2, tiny_data, cfg(), tmp_path / "run")
@@ -116,6 +119,8 @@ def test_interrupted_training_resumes_exactly(tiny_target, tiny_data, tmp_path, 
     t2.train()
     for (k, a), b in zip(ref.state_dict().items(), d2.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), k
+    # each step is logged once: the killed run's step 7 row gave way to the resumed run's
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, 13))
     # the weight file says where each session ran: the first from step 0, the resumed one from 6
     sessions = json.loads((tmp_path / "run" / "config.json").read_text())["training"]["trained_on"]
     assert [s["from_step"] for s in sessions] == [0, 6]

@@ -116,8 +116,22 @@ class Trainer:
         self.sessions = state.get("sessions", [])
         torch.set_rng_state(state["rng"])
         self._rng = state["rng"]
+        self._trim_log()
         self.console.print(f"resuming {self.out} at step {self.step}/{self.cfg.steps}")
         return True
+
+    def _trim_log(self) -> None:
+        """Drop log rows past the resumed step: a killed run logged steps its last checkpoint does not hold,
+        and the resumed run logs them again."""
+        log = self.out / "train_log.jsonl"
+        if not log.exists():
+            return
+        lines = log.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= self.step]
+        if len(kept) != len(lines):
+            tmp = log.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(log)
 
     def summary(self) -> dict:
         epochs = self.epoch + (1 if self.batch_in_epoch else 0)  # data passes begun
