@@ -71,7 +71,8 @@ def test_answer_trims_at_eos_limit_and_stop_strings(new, limit, stops, kept, ids
 
 def _timeless(rec: dict) -> dict:
     steps = {k: v for k, v in rec["steps"].items() if not k.endswith("_ms")}
-    return {**{k: v for k, v in rec.items() if k not in ("wall_s", "prefill_s")}, "steps": steps}
+    clocks = ("wall_s", "prefill_s", "other_cpu_cores")
+    return {**{k: v for k, v in rec.items() if k not in clocks}, "steps": steps}
 
 
 def test_a_grid_builds_each_drafter_once_and_answers_as_single_runs(shared_data, tmp_path, monkeypatch):
@@ -103,5 +104,6 @@ def test_a_grid_builds_each_drafter_once_and_answers_as_single_runs(shared_data,
         out = Runner(spec.run_config(t, ["pld"]), tmp_path / f"t{t}", shared_data, quiet, target=target).run()
         alone = RunDir(out).records()
         assert len(alone) == 2 * 2 * 2
+        assert all(r["other_cpu_cores"] >= 0 for r in alone)  # each answer says what else ran meanwhile
         assert all(_timeless(r) == _timeless(grid[r["key"]]) for r in alone), f"T={t}: the grid answered otherwise"
     assert json.loads((tmp_path / "t0.0" / "meta.json").read_text())["config"]["temperature"] == 0.0

@@ -326,3 +326,15 @@ def test_attach_divergences_marks_later_turns_inherited():
     attach_divergences(recs)
     assert recs[2]["divergence"]["position"] == 1 and not recs[2]["divergence"]["inherited"]
     assert recs[3]["divergence"]["inherited"] is True
+
+
+def test_summary_reports_what_other_processes_used(run_records):
+    """other_cpu_cores: the mean over a cell's answers that measured it; NaN for runs before it existed."""
+    import math
+
+    recs = [dict(r) for r in run_records]
+    pld = [r for r in recs if r["method"] == "pld"]
+    pld[0]["other_cpu_cores"], pld[1]["other_cpu_cores"] = 0.1, 0.4
+    df = summarize(recs).set_index("method")
+    assert df.loc["pld", "other_cpu_cores"] == 0.25
+    assert math.isnan(df.loc["ar", "other_cpu_cores"])

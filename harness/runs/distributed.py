@@ -77,6 +77,9 @@ def _worker_runner(cfg: RunConfig, grid: GridRef, threads: int | None):
     driver's working directory (relative prompt-file paths in the config resolve as there)."""
     import torch
 
+    from harness.core.allocator import keep_freed_memory
+
+    keep_freed_memory()  # the CLI's heap settings, so a worker's timings compare with a local run's
     if os.path.isdir(grid.cwd):  # a node of a cluster may not have the driver's folder
         os.chdir(grid.cwd)
     if threads:

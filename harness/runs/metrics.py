@@ -28,13 +28,13 @@ AR_METHOD = "ar"
 SUMMARY_COLUMNS = [
     "method", "benchmark", "temperature", "acceptance", "answers", "new_tokens", "tau", "speedup",
     "tokens_per_s", "ar_tokens_per_s", "draft_ms_per_step", "verify_ms_per_step", "mismatches",
-    "mismatches_near_tie",
+    "mismatches_near_tie", "other_cpu_cores",
 ]
 # Decimals kept in summary.csv: ratios need 4 to show regressions; seconds-derived figures are
 # noisy beyond 2.
 ROUNDING = {
     "tau": 4, "speedup": 4, "tokens_per_s": 2, "ar_tokens_per_s": 2,
-    "draft_ms_per_step": 2, "verify_ms_per_step": 2,
+    "draft_ms_per_step": 2, "verify_ms_per_step": 2, "other_cpu_cores": 2,
 }
 # The fields that make "the same prompt" for pairing a method's answer with AR's.
 PROMPT_FIELDS = ("benchmark", "question_id", "turn", "temperature", "top_p", "seed")
@@ -184,6 +184,12 @@ def _ms_per_step(records: list[dict], column: str) -> float:
 
 # ----------------------------------------------------------------------------- summary.csv
 
+def _mean_of(recs: list[dict], field: str) -> float:
+    """Mean of a field over the records that have it (NaN where none does: runs before it existed)."""
+    values = [r[field] for r in recs if r.get(field) is not None]
+    return float(np.mean(values)) if values else math.nan
+
+
 def summarize(records: list[dict]) -> pd.DataFrame:
     """One row per (method, benchmark, temperature, acceptance) with SUMMARY_COLUMNS.
 
@@ -231,6 +237,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             "verify_ms_per_step": _ms_per_step(recs, "verify_ms"),
             "mismatches": len(diverged),
             "mismatches_near_tie": sum(bool(d.get("near_tie")) for d in diverged),
+            "other_cpu_cores": _mean_of(recs, "other_cpu_cores"),
         })
 
     def first_seen(values: Iterable[str]) -> dict[str, int]:

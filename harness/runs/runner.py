@@ -30,7 +30,7 @@ from rich.progress import (
 from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
-from harness.core.machine_meta import load_average_warning
+from harness.core.machine_meta import OtherCpuUse, load_average_warning
 from harness.core.target import Target, check_target_spec
 from harness.core.verify import LOSSY_RULES, Sampling, default_rule
 from harness.runs.benchmarks import PromptFile, Question, load_questions, resolve_data_dir, verify_data_dir
@@ -374,8 +374,11 @@ class Runner:
             out_ids = existing[key]["output_ids"]
         else:
             prompt_ids = self.target.encode_chat(messages)
-            g = self._answer(slot, prompt_ids, probe["seed"])
+            with OtherCpuUse() as others:
+                g = self._answer(slot, prompt_ids, probe["seed"])
             rec = self._record(slot, q, turn, probe["seed"], prompt_ids, g)
+            if others.cores is not None:  # what other processes ran meanwhile: a contended answer's seconds are noisy
+                rec["other_cpu_cores"] = round(others.cores, 3)
             out_ids = g.output_ids
         # Each method continues MT-Bench turn 2 from its own turn-1 answer.
         return rec, messages + [{"role": "assistant", "content": self.target.decode(out_ids).strip()}]
