@@ -17,6 +17,7 @@ from torch import nn
 from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError, did_you_mean
 from harness.core.hashing import config_hash
+from harness.core.packed_linear import WEIGHT_FORMATS
 from harness.core.tree import DraftTree
 from methods import checkpoint_io
 from methods.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_vocab_key
@@ -111,6 +112,10 @@ class LearnedDrafter(Drafter):
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
+        # `weights`: the format drafting reads its weights in (harness/core/packed_linear.py).
+        if self.config.get("weights", "native") not in WEIGHT_FORMATS:
+            raise SpecbenchError(f"method '{self.name}': weights={self.config['weights']!r} is not one of "
+                                 f"{', '.join(WEIGHT_FORMATS)}; e.g. --set {self.name}.weights=int8")
         # Draft logits through the target's frozen LM head, over a draft vocabulary where one applies.
         size = int(self.config.get("draft_vocab") or 0) if self.uses_target_head() else 0
         self.vocab = DraftVocabHead(target, size)

@@ -47,7 +47,7 @@ class EagleCore(LearnedDrafter):
 
     # draft_vocab: see methods/draft_vocab.py (0 = the full target vocab, as the released checkpoints).
     defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1,
-                                "draft_vocab": 8192}
+                                "draft_vocab": 8192, "weights": "native"}
     arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab")
     first_input_norm = False
 

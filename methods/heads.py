@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # per run from this machine's verify cost curve, or a fixed list. The official tree is `--set
 # tree=mc_sim_7b_63`. `draft_vocab` applies with share_lm_head only.
 HEAD_DEFAULTS: dict[str, Any] = {"share_lm_head": True, "tree": "cpu_15", "tree_candidates": None,
-                                 "draft_vocab": 8192}
+                                 "draft_vocab": 8192, "weights": "native"}
 
 
 class HeadDrafter(LearnedDrafter):

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.core.cost_model import CURVE_SIZES  # noqa: E402
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.draft_layers import DecoderStack  # noqa: E402
+from harness.core.allocator import keep_freed_memory  # noqa: E402
 from harness.core.machine_meta import collect_meta  # noqa: E402
 from harness.core.packed_linear import set_packing  # noqa: E402
 from harness.core.target import Target  # noqa: E402
@@ -117,6 +118,7 @@ def main() -> int:
                          "twice, its draft layers eager and compiled")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    keep_freed_memory()  # the CLI's heap settings, so figures compare with a run's
 
     target = Target.load(args.target, "cpu", args.dtype)
     if args.compile:

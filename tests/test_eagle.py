@@ -188,3 +188,22 @@ def test_rerank_keeps_a_parent_that_ties_with_its_child():
         chosen = rerank(scores, parents, keep)
         assert len(chosen) == keep and all(parents[c] < 0 or parents[c] in chosen for c in chosen)
     assert rerank(scores, parents, 2) == [0, 4] and rerank(scores, parents, 3) == [0, 1, 4]
+
+
+def test_int8_draft_weights_stay_exact_and_leave_the_target_alone(tiny_target, trained_eagle, monkeypatch):
+    """weights=int8: the drafter's own maps (fc, the draft layer's attention and MLP) run on int8
+    copies; the target's are never quantized, so greedy output still equals AR's. (The tiny target's
+    vocabulary is below the draft-vocab size, so its drafts use the target's full LM head as is.)"""
+    from harness.core import packed_linear
+
+    made = []
+    real = packed_linear.quantize_int8
+    monkeypatch.setattr(packed_linear, "quantize_int8", lambda w: made.append(tuple(w.shape)) or real(w))
+    d = Eagle2.from_pretrained(trained_eagle, tiny_target, {"weights": "int8"})
+    assert_greedy_exact(tiny_target, d, seed=97)
+    h = tiny_target.hidden_size
+    assert made.count((h, 2 * h)) == 2  # EAGLE's fc, and the MLP's down map
+    assert len(made) == 5  # + the fused q/k/v, o, and the fused gate/up maps, each made once
+    assert all(p.dtype != torch.int8 for p in tiny_target.model.parameters())
+    with pytest.raises(Exception, match="weights='int4' is not one of native, int8"):
+        Eagle2(tiny_target, {"weights": "int4"})

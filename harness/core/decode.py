@@ -16,6 +16,7 @@ import torch
 
 from harness.core.errors import SpecbenchError
 from harness.core.kvcache import KVCache
+from harness.core.packed_linear import weight_format
 from harness.core.target import Target, TargetOutput
 from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
@@ -175,6 +176,12 @@ class Answer:
 
 # ----------------------------------------------------------------------------- the loop's steps
 
+def drafting_weights(drafter) -> weight_format:
+    """The drafter's calls run on the weight format it asks for (its `weights` setting: "native" or
+    "int8"); the target's forward, outside this, never does."""
+    return weight_format(getattr(drafter, "config", {}).get("weights"))
+
+
 def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, generator: torch.Generator | None,
             drafter=None) -> tuple[KVCache, TargetOutput, int]:
     """1. The prompt goes into a new cache; its last logits give the first new token (the root),
@@ -184,7 +191,8 @@ def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, genera
     prefilled = target.forward(prompt, cache, logits="last")
     root = pick_token(prefilled.logits[-1], cfg.sampling, generator)
     if drafter is not None:
-        drafter.begin(prompt, prefilled, root)
+        with drafting_weights(drafter):
+            drafter.begin(prompt, prefilled, root)
     return cache, prefilled, root
 
 
@@ -225,7 +233,8 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
     if drafter is None:
         tree = DraftTree.root_only(root)
     else:
-        tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
+        with drafting_weights(drafter):
+            tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
     t_verify = time.perf_counter()
     verified, verdict = verify_tree(target, cache, tree, sampling, generator)
     t_verified = time.perf_counter()
@@ -233,8 +242,9 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
     kept = answer.extend(tree.tokens[path[1:]].tolist() + [verdict.bonus])
     t_observe = time.perf_counter()
     if drafter is not None and not answer.finished:
-        drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[path], verdict.bonus,
-                                   verified.logits[path]))
+        with drafting_weights(drafter):
+            drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[path], verdict.bonus,
+                                       verified.logits[path]))
     t_done = time.perf_counter()
     return Step(tree, verified, verdict, kept, draft_s=(t_verify - t_propose) + (t_done - t_observe),
                 verify_s=t_verified - t_verify)
