@@ -222,13 +222,16 @@ def test_collect_meta_has_keys():
     assert isinstance(has_fast_bf16(), bool)
 
 
-def test_load_average_warning(monkeypatch):
+def test_contention_warning_reads_other_processes_cpu_use(monkeypatch):
     monkeypatch.setattr(machine_meta.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(machine_meta.os, "getloadavg", lambda: (0.3, 0.0, 0.0))
-    assert machine_meta.load_average_warning() is None
-    monkeypatch.setattr(machine_meta.os, "getloadavg", lambda: (1.2, 0.0, 0.0))
-    assert "1.20" in machine_meta.load_average_warning()
-    assert machine_meta.load_average_warning(cores=2) is None  # 2 cores left free absorb the load
+    used = {"cores": 0.1}
+    monkeypatch.setattr(machine_meta.OtherCpuUse, "__exit__", lambda self, *exc: setattr(self, "cores", used["cores"]))
+    assert machine_meta.contention_warning(sample_s=0) is None
+    used["cores"] = 1.2
+    assert "1.20" in machine_meta.contention_warning(sample_s=0)
+    assert machine_meta.contention_warning(cores=2, sample_s=0) is None  # 2 cores left free absorb it
+    used["cores"] = None  # no /proc/stat: no check
+    assert machine_meta.contention_warning(sample_s=0) is None
 
 
 # ----------------------------------------------------------------------------- run directory

@@ -29,9 +29,6 @@ from harness.core.tree import DraftTree
 
 CURVE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 CURVE_CONTEXT = 256
-# Cores' worth of CPU other processes may use during the measurement before its curve is not
-# cached: a contended curve would size every later run's trees on this machine.
-CONTENDED_CORES = 0.25
 
 
 def interpolate(curve: list[list[float]], k: int) -> float:
@@ -106,7 +103,7 @@ def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
             return json.loads(path.read_text())["curve"]
         except (ValueError, KeyError):
             pass  # a torn or foreign file: measure again
-    from harness.core.machine_meta import OtherCpuUse
+    from harness.core.machine_meta import CONTENDED_CORES, OtherCpuUse
 
     with OtherCpuUse() as others:
         ms = forward_cost_ms(target, [CURVE_CONTEXT], list(CURVE_SIZES), repeats)[CURVE_CONTEXT]
@@ -115,6 +112,7 @@ def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
     for k in CURVE_SIZES:
         floor = max(floor, ms[k] / ms[1])
         curve.append([k, round(floor, 4)])
+    # A contended curve would size every later run's trees on this machine: used, not cached.
     if others.cores is not None and others.cores > CONTENDED_CORES:
         warnings.warn(f"other processes used {others.cores:.2f} cores while the verify cost curve was measured: "
                       f"it sizes this run's trees but is not cached; rerun with the machine idle", RuntimeWarning,

@@ -17,8 +17,10 @@ from harness.core.hardware import cpu_flags, cpu_kind, cpu_model
 
 # Packages whose versions change numbers (kernels, cache internals, quantisation readers).
 META_PACKAGES = ("torch", "transformers", "accelerate", "gguf", "pandas", "numpy", "specbench")
-# Load left over for other processes before they compete with a run; see load_average_warning.
-LOAD_THRESHOLD = 0.5
+# Cores' worth of CPU other processes may use while a run times itself before its seconds count as
+# contended: an idle machine shows ~0.01, and a quarter of a core elsewhere already moves CPU
+# timings by several percent. One threshold for the run-start check and the cost curve's cache.
+CONTENDED_CORES = 0.25
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -142,25 +144,22 @@ def _own_cpu_seconds() -> float:
     return t.user + t.system
 
 
-def load_average_warning(cores: int | None = None) -> str | None:
-    """A warning when another process is competing for the CPU, else None.
+def contention_warning(cores: int | None = None, sample_s: float = 0.5) -> str | None:
+    """A warning when other processes compete for the CPU right now, else None.
 
-    `cores` is how many logical cores the run will use (default: all of them). The run is
-    contended when the 1-min load average exceeds `LOAD_THRESHOLD` (0.5) plus the cores the run
-    leaves free: on an idle machine the load sits near 0, and a half-busy core elsewhere already
-    moves CPU timings by several percent. Call it before loading the model: the load average is
-    a decaying 1-minute mean that also counts this process's own recent work.
+    Samples OtherCpuUse for `sample_s` seconds (the same measure each answer and the cost curve
+    record), so unlike the load average it is not raised by a run that has just finished or by
+    this process's own work. `cores`: the logical cores the run will use (default all); cores it
+    leaves free absorb other work. None where /proc/stat is missing (no check there).
     """
-    load = _load_1m()
     logical = os.cpu_count() or 1
-    if load is None:
-        return None
     used = logical if cores is None else max(1, min(cores, logical))
-    threshold = LOAD_THRESHOLD + (logical - used)
-    if load <= threshold:
+    with OtherCpuUse() as others:
+        time.sleep(sample_s)
+    threshold = CONTENDED_CORES + (logical - used)
+    if others.cores is None or others.cores <= threshold:
         return None
     return (
-        f"1-min load average is {load:.2f} on {logical} logical cores (a run on {used} tolerates "
-        f"{threshold:.1f}): another process competes for the CPU, so seconds and speedups will be "
-        f"noisy; wait for it to finish"
+        f"other processes are using {others.cores:.2f} cores' worth of CPU (a run on {used} of "
+        f"{logical} cores tolerates {threshold:.2f}): seconds and speedups will be noisy; wait for them to finish"
     )

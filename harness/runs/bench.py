@@ -28,7 +28,7 @@ from rich.table import Table
 from harness.core.cost_model import CURVE_SIZES, forward_cost_ms, median_ms
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
-from harness.core.machine_meta import collect_meta, load_average_warning
+from harness.core.machine_meta import collect_meta, contention_warning
 from harness.core.target import Target
 from harness.runs.benchmarks import load_questions, resolve_data_dir
 
@@ -175,7 +175,7 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
               ar_prompts: int, max_new_tokens: int, pld: bool, contest_benchmarks: list[str], contest_prompts: int,
               data_dir: Path | None, out: Path | None, console: Console, assisted: str | None = None,
               compile_: bool = False) -> dict[str, Any]:
-    warn = load_average_warning()
+    warn = contention_warning()
     if warn:
         console.print(f"[yellow]warning:[/] {warn} — timings will be noisy")
     if 1 not in sizes:

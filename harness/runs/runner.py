@@ -30,7 +30,7 @@ from rich.progress import (
 from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
-from harness.core.machine_meta import OtherCpuUse, load_average_warning
+from harness.core.machine_meta import OtherCpuUse, contention_warning
 from harness.core.target import Target, check_target_spec
 from harness.core.verify import LOSSY_RULES, Sampling, default_rule
 from harness.runs.benchmarks import PromptFile, Question, load_questions, resolve_data_dir, verify_data_dir
@@ -157,10 +157,9 @@ PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCom
 # ----------------------------------------------------------------------------- the grid's shared parts
 
 def load_target(cfg: RunConfig, console: Console) -> Target:
-    """The one place a run loads its target. The load-average warning comes first: the 1-minute
-    mean also counts this process's own work once the model is loading."""
+    """The one place a run loads its target, after checking that nothing else competes for the CPU."""
     check_target_spec(cfg.target)
-    warn = load_average_warning()
+    warn = contention_warning()
     if warn:
         console.print(f"[yellow]warning:[/] {warn}")
     with console.status(f"loading target {cfg.target}"):
