@@ -108,13 +108,15 @@ class Hydra(HeadDrafter):
     def ranker(self, ctx: DraftContext) -> RankChildren:
         """Sequentially dependent heads: a node's children are ranked by head d on its own path
         state [z, emb(root), emb(d1), ..., emb(node)] ([(d + 2) H])."""
-        states = {0: torch.cat([self._z, self._emb(torch.tensor([ctx.root], device=self._z.device))[0]])}
+        device = self._z.device
+        states = {0: torch.cat([self._z, self._emb(torch.tensor([ctx.root], device=device))[0]])}
 
         def rank_children(level: Level) -> list[list[int]]:
-            for o in level.nodes:
-                if o not in states:
-                    tok = torch.tensor([level.tokens[o]], device=self._z.device)
-                    states[o] = torch.cat([states[level.parents[o]], self._emb(tok)[0]])
+            fresh = [o for o in level.nodes if o not in states]
+            if fresh:  # one embedding lookup and one concat per level, not one per node
+                tokens = torch.tensor([level.tokens[o] for o in fresh], device=device)
+                parents = torch.stack([states[level.parents[o]] for o in fresh])
+                states.update(zip(fresh, torch.cat([parents, self._emb(tokens)], dim=-1)))
             x = torch.stack([states[o] for o in level.nodes])
             logits = self.head_vocab_logits(level.depth, self.hydra_head[level.depth](x))
             return logits.topk(max(level.need), dim=-1).indices.tolist()
