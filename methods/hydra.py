@@ -90,6 +90,10 @@ class Hydra(HeadDrafter):
         return self.hydra_head[i].proj
 
     # ---- decoding -------------------------------------------------------------------------
+    def head_hidden(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """[n, (k + 2) H] path states -> [n, H]: head k's output before the vocab projection."""
+        return self.hydra_head[k](x)
+
     def _prefix_step(self, feats: torch.Tensor) -> None:
         start = self._cache.length
         pos = torch.arange(start, start + feats.shape[0], device=feats.device)[None]
@@ -118,7 +122,7 @@ class Hydra(HeadDrafter):
                 parents = torch.stack([states[level.parents[o]] for o in fresh])
                 states.update(zip(fresh, torch.cat([parents, self._emb(tokens)], dim=-1)))
             x = torch.stack([states[o] for o in level.nodes])
-            logits = self.head_vocab_logits(level.depth, self.hydra_head[level.depth](x))
+            logits = self.head_vocab_logits(level.depth, self.head_hidden(level.depth, x))
             return logits.topk(max(level.need), dim=-1).indices.tolist()
 
         return rank_children
