@@ -177,7 +177,7 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
               compile_: bool = False) -> dict[str, Any]:
     warn = contention_warning()
     if warn:
-        console.print(f"[yellow]warning:[/] {warn} — timings will be noisy")
+        console.print(f"[yellow]warning:[/] {warn}")
     if 1 not in sizes:
         raise SpecbenchError("--sizes must include 1 (the ratios are taken against a 1-token step)")
     with console.status(f"loading {target}"):
