@@ -36,6 +36,14 @@ class Drafter(nn.Module):
     defaults: ClassVar[dict[str, Any]] = {}
     arch_keys: ClassVar[tuple[str, ...]] = ()
     trainable: ClassVar[bool] = False
+    # What tables, plots and `cli.py list` show; read only through methods.registry.method_info.
+    display_name: ClassVar[str] = ""      # e.g. "EAGLE-2"; empty: the name
+    paper: ClassVar[str] = ""             # short citation, e.g. "Li et al., EMNLP 2024"
+    year: ClassVar[int | None] = None
+    color: ClassVar[str] = ""             # one colour in every figure; empty: a stable pick
+    order: ClassVar[int] = 100            # position in tables (paper order; lower first)
+    acceptance_rules: ClassVar[tuple[str, ...]] = ("greedy", "lossless")
+    checkpoint_layout: ClassVar[str] = ""  # official checkpoint layout it loads, one line
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__()

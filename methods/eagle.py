@@ -256,6 +256,12 @@ class Eagle(EagleCore):
     """EAGLE-1: the draft head with a static tree (top-k children per node, official 25 nodes)."""
 
     name = "eagle"
+    display_name = "EAGLE"
+    paper = "Li et al., ICML 2024"
+    year = 2024
+    color = "#0072B2"
+    order = 50
+    checkpoint_layout = "SafeAILab/EAGLE: config.json + pytorch_model.bin (fc.*, layers.0.*)"
     defaults = {**EagleCore.defaults, "tree": EAGLE1_TREE}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:

@@ -28,6 +28,12 @@ class Eagle2(EagleCore):
     """EAGLE-2: EAGLE's draft head with the dynamic (beam + rerank) tree."""
 
     name = "eagle2"
+    display_name = "EAGLE-2"
+    paper = "Li et al., EMNLP 2024"
+    year = 2024
+    color = "#D55E00"
+    order = 60
+    checkpoint_layout = "EAGLE's weights (SafeAILab/EAGLE layout)"
     weights_from = "eagle"
     defaults: dict[str, Any] = {
         **EagleCore.defaults,

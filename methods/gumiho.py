@@ -57,6 +57,12 @@ class Gumiho(EagleCore):
     """Gumiho: 2-layer serial draft for depths 1-2, parallel MLP heads for the rest, full tree attention."""
 
     name = "gumiho"
+    display_name = "Gumiho"
+    paper = "Li et al., ICML 2025"
+    year = 2025
+    color = "#CC79A7"
+    order = 70
+    checkpoint_layout = "AMD-AIG-AIMA/Gumiho: config.json + pytorch_model.bin (serial layers + MLP heads)"
     default_lr = 1e-3
     defaults: dict[str, Any] = {
         **EagleCore.defaults, "layers": 2,

@@ -42,6 +42,13 @@ class Medusa(HeadDrafter):
     """Medusa-1 heads on the last target feature, static tree of rank paths."""
 
     name = "medusa"
+    display_name = "Medusa"
+    paper = "Cai et al., ICML 2024"
+    year = 2024
+    color = "#009E73"
+    order = 30
+    acceptance_rules = ('greedy', 'lossless', 'typical')
+    checkpoint_layout = "FasterDecoding/Medusa: medusa_lm_head.safetensors (+ config.json medusa_num_heads)"
     defaults: dict[str, Any] = {"heads": 5, "layers": 1, **HEAD_DEFAULTS}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:

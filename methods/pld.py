@@ -44,6 +44,11 @@ class PromptLookupDrafter(Drafter):
     """Prompt lookup: a chain copied from the context after the last n-gram's earlier occurrence, cost-aware length."""
 
     name = "pld"
+    display_name = "Prompt lookup"
+    paper = "Saxena, 2023 (prompt lookup decoding)"
+    year = 2023
+    color = "#E69F00"
+    order = 10
     defaults: dict[str, Any] = {
         "max_ngram": 3,        # longest suffix n-gram looked up (HF's max_matching_ngram_size is 2)
         "min_ngram": 1,

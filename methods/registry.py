@@ -2,7 +2,9 @@
 pay for (or break on) a method's heavy imports."""
 from __future__ import annotations
 
+import hashlib
 import importlib
+from dataclasses import dataclass
 
 from harness.core.errors import unknown
 
@@ -39,3 +41,44 @@ def get_method(name: str) -> type:
     module, cls = _ENTRIES[name].split(":")
     _CLASSES[name] = getattr(importlib.import_module(module), cls)
     return _CLASSES[name]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What the harness shows of a method, declared once as class attributes of its Drafter."""
+
+    name: str
+    display_name: str
+    paper: str = ""
+    year: int | None = None
+    color: str = ""
+    order: int = 100
+    trainable: bool = False
+    acceptance_rules: tuple[str, ...] = ("greedy", "lossless")
+    checkpoint_layout: str = ""
+
+
+AR_INFO = MethodInfo("ar", "AR", "plain autoregressive decoding", None, "#7F7F7F", 0)
+# Colours for methods that declare none (external drafters, old records of removed methods).
+_SPARE_COLORS = ("#882255", "#44AA99", "#332288", "#117733", "#AA4499", "#661100", "#6699CC")
+
+
+def spare_color(name: str) -> str:
+    """A stable colour for a method that declares none."""
+    return _SPARE_COLORS[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(_SPARE_COLORS)]
+
+
+def method_info(name: str) -> MethodInfo:
+    """The declared metadata of `name`; a name no installed method answers to (an old record)
+    gets its name as display name and a stable colour, so old run folders still render."""
+    if name == "ar":
+        return AR_INFO
+    try:
+        cls = get_method(name)
+    except Exception:  # noqa: BLE001 - unknown or broken method: render it plainly
+        return MethodInfo(name, name, color=spare_color(name))
+    return MethodInfo(
+        name=name, display_name=cls.display_name or name, paper=cls.paper, year=cls.year,
+        color=cls.color or spare_color(name), order=cls.order, trainable=bool(cls.trainable),
+        acceptance_rules=tuple(cls.acceptance_rules), checkpoint_layout=cls.checkpoint_layout,
+    )

@@ -29,6 +29,12 @@ class SpeculativeSampling(Drafter):
     """A chain of `gamma` tokens from a small draft LM with its own KV cache."""
 
     name = "sps"
+    display_name = "SpS"
+    paper = "Leviathan et al., ICML 2023; Chen et al., 2023"
+    year = 2023
+    color = "#000000"
+    order = 20
+    checkpoint_layout = "any causal LM with the target tokenizer (--set sps.draft=...)"
     defaults: dict[str, Any] = {
         "draft": None,             # alias (e.g. qwen2.5-coder-0.5b), HF directory or .gguf file
         "gamma": 8,                # most draft tokens per step (the initial value under "heuristic")
