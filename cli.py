@@ -32,7 +32,7 @@ def main() -> None:
 # Options shared by several commands, declared once; each command gives the default.
 TargetOpt = Annotated[str, typer.Option(help="alias, HF dir, .gguf file or hub id")]
 DtypeOpt = Annotated[str, typer.Option(help="target dtype: auto | float32 | bfloat16 | float16")]
-DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda")]
+DeviceOpt = Annotated[str, typer.Option(help="where the target runs: auto | cpu | cuda")]
 DeviceMapOpt = Annotated[Optional[str], typer.Option(
     help="auto: shard the target over every GPU (accelerate); the drafter sits with the LM head")]
 CompileOpt = Annotated[bool, typer.Option(
@@ -45,6 +45,9 @@ SeedOpt = Annotated[int, typer.Option(help="base of the per-answer sampling seed
 TopPOpt = Annotated[float, typer.Option(help="nucleus sampling: keep the most likely tokens up to this mass")]
 SettingsOpt = Annotated[list[str], typer.Option(
     "--set", help="method config key=value (JSON values; method.key=value for one method)")]
+TreeBudgetOpt = Annotated[Optional[str], typer.Option(
+    help="draft tokens per verify for every tree method (N), or auto: sized for this machine's verify "
+         "cost; default: each method's own (EAGLE's fixed 25-node tree, the others auto)")]
 ChatTemplateOpt = Annotated[Optional[str], typer.Option(help="'vicuna' or a Jinja template, for targets without one")]
 SystemPromptOpt = Annotated[Optional[str], typer.Option(help="system message put before every conversation")]
 MethodOpt = Annotated[str, typer.Option("--method", "-m", help="one method (see `cli.py list`)")]
@@ -60,7 +63,7 @@ AllowDirtyOpt = Annotated[bool, typer.Option("--allow-dirty", help="accept a run
 RunFolderArg = Annotated[Path, typer.Argument(help="a run folder")]
 # compare / ablate: the grid's options (None: the --preset's value, else the default named)
 BenchmarksOpt = Annotated[str, typer.Option("--benchmarks", "--benchmark", "-b", help="benchmark names or prompt files (a question.jsonl in the EAGLE/Spec-Bench format, named by its folder or NAME=PATH), comma-separated")]
-TemperaturesOpt = Annotated[list[float], typer.Option("--temperature", "-t", help="repeatable: one table block per value")]
+TemperaturesOpt = Annotated[list[float], typer.Option("--temperature", "-t", help="sampling temperature (0: greedy), repeatable: one table block per value")]
 GridAcceptanceOpt = Annotated[Optional[str], typer.Option(
     help="rule at T > 0: lossless (default) | typical (lossy, labelled); T = 0 is greedy")]
 GridLimitOpt = Annotated[Optional[int], typer.Option(
@@ -119,6 +122,7 @@ def run(
     seed: SeedOpt = 0,
     checkpoint: Annotated[Optional[str], typer.Option(help="drafter weights: folder or hub id")] = None,
     set_: SettingsOpt = [],
+    tree_budget: TreeBudgetOpt = None,
     chat_template: ChatTemplateOpt = None,
     system_prompt: SystemPromptOpt = None,
     data_dir: DataDirOpt = None,
@@ -133,7 +137,7 @@ def run(
         methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device, device_map=device_map, compile=compile_,
         limit=limit, ids=[int(i) for i in split_csv(ids)] if ids else None, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, acceptance=acceptance, seed=seed, checkpoint=checkpoint,
-        settings=parse_settings(set_), chat_template=chat_template, system_prompt=system_prompt,
+        settings=parse_settings(with_tree_budget(set_, tree_budget)), chat_template=chat_template, system_prompt=system_prompt,
         prompt_files={n: f.as_config() for n, f in files.items()},
     )
     runner = Runner(cfg, out, data_dir, err)
@@ -192,6 +196,11 @@ def grid_spec(*, benchmarks: str, temperatures: list[float], limit: Optional[int
         settings=parse_settings(settings) if settings is not None else {}, **fields)
 
 
+def with_tree_budget(settings: list[str], tree_budget: Optional[str]) -> list[str]:
+    """--tree-budget rides in the run's settings (recorded in meta.json), parsed where they are."""
+    return [*settings, f"tree_budget={tree_budget}"] if tree_budget is not None else settings
+
+
 def print_markdown(path: Path) -> None:
     """A table file as it is (no wrapping, no markup), so it pastes into a README."""
     console.print(path.read_text(), markup=False, highlight=False, soft_wrap=True)
@@ -210,7 +219,7 @@ def print_written(run_dir: Path, paths: list[Path]) -> None:
 @friendly
 def compare(
     methods: Annotated[Optional[str], typer.Option(
-        help="comma-separated (default: pld + every method whose trained weights are found)")] = None,
+        help="methods to run beside AR, comma-separated (default: pld + every method whose trained weights are found)")] = None,
     benchmarks: BenchmarksOpt = ALL_BENCHMARKS,
     temperature: TemperaturesOpt = [0.0],
     target: TargetOpt = "smollm2-135m",
@@ -222,6 +231,7 @@ def compare(
     typical: Annotated[Optional[str], typer.Option(
         help="methods that also run Medusa's typical rule (lossy, labelled) at each T > 0, e.g. medusa,hydra")] = None,
     set_: SettingsOpt = [],
+    tree_budget: TreeBudgetOpt = None,
     data_dir: DataDirOpt = None,
     limit: GridLimitOpt = None,
     max_new_tokens: GridMaxNewTokensOpt = None,
@@ -246,7 +256,7 @@ def compare(
     from harness.runs.runner import summarize_dir
 
     spec = grid_spec(methods=split_csv(methods) if methods else None, benchmarks=benchmarks, temperatures=temperature,
-                     limit=limit, max_new_tokens=max_new_tokens, preset=preset, settings=set_, target=target,
+                     limit=limit, max_new_tokens=max_new_tokens, preset=preset, settings=with_tree_budget(set_, tree_budget), target=target,
                      dtype=dtype, device=device, device_map=device_map, compile=compile_, top_p=top_p, acceptance=acceptance,
                      seed=seed, chat_template=chat_template, system_prompt=system_prompt,
                      typical=split_csv(typical) if typical else [])
@@ -277,6 +287,7 @@ def ablate(
     device: DeviceOpt = "auto",
     compile_: CompileOpt = False,
     acceptance: GridAcceptanceOpt = None,
+    tree_budget: TreeBudgetOpt = None,
     data_dir: DataDirOpt = None,
     limit: GridLimitOpt = None,
     max_new_tokens: GridMaxNewTokensOpt = None,
@@ -298,7 +309,7 @@ def ablate(
                      max_new_tokens=max_new_tokens, preset=preset, target=target, dtype=dtype, device=device, compile=compile_,
                      acceptance=acceptance, seed=seed)
     run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps,
-                           ray=ray, ray_address=ray_address, pack=pack)
+                           tree_budget=tree_budget, ray=ray, ray_address=ray_address, pack=pack)
     paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
@@ -393,10 +404,10 @@ def regress(run_dir: RunFolderArg,
 
 @app.command()
 @friendly
-def history(history_file: Optional[Path] = typer.Option(None, "--file", help="default results/history.jsonl"),
-            target: Optional[str] = typer.Option(None, help="default: the latest line's"),
-            dtype: Optional[str] = typer.Option(None, help="default: the latest line's"),
-            temperature: float = typer.Option(0.0),
+def history(history_file: Optional[Path] = typer.Option(None, "--file", help="history file to plot (default results/history.jsonl)"),
+            target: Optional[str] = typer.Option(None, help="target whose lines are plotted (default: the latest line's)"),
+            dtype: Optional[str] = typer.Option(None, help="dtype whose lines are plotted (default: the latest line's)"),
+            temperature: float = typer.Option(0.0, help="temperature whose cells are plotted"),
             benchmark: Optional[str] = typer.Option(None, help="one benchmark (default: mean over benchmarks)"),
             out: Optional[Path] = typer.Option(None, help="folder for history.png/.svg (default: beside the file)")):
     """Plot τ over commits per method from the history that `compare --record` appends to."""
@@ -458,7 +469,7 @@ def bench(
     device: DeviceOpt = "auto",
     contexts: str = typer.Option("256,1536", help="context lengths for the cost curve"),
     sizes: str = typer.Option("1,2,4,8,16,32,64", help="tree tokens per forward"),
-    repeats: int = typer.Option(7),
+    repeats: int = typer.Option(7, help="timed repeats per measurement, the median kept (contests run max(3, N/2) rounds)"),
     ar_prompts: int = typer.Option(3, help="MT-Bench prompts for AR vs HF generate (0 = skip)"),
     max_new_tokens: MaxNewTokensOpt = 64,
     pld: bool = typer.Option(False, "--pld", help="also: our pld vs HF prompt lookup per benchmark"),
@@ -490,8 +501,8 @@ def distill(
     n: Optional[int] = typer.Option(None, help="cap on prompts after the mix"),
     samples: int = typer.Option(2, help="responses per prompt: 1 greedy + samples-1 sampled"),
     max_new_tokens: MaxNewTokensOpt = 384,
-    batch_size: int = typer.Option(32),
-    shard_size: int = typer.Option(96),
+    batch_size: int = typer.Option(32, help="conversations generated together in one batch"),
+    shard_size: int = typer.Option(96, help="conversations per shard file (the unit of resuming; part of the plan hash)"),
     max_shards: Optional[int] = typer.Option(None, help="stop after this many new shards (spread work over runs)"),
     max_prompt_tokens: int = typer.Option(768, help="skip conversations whose prompt (with earlier turns) is longer"),
     followups: Optional[Path] = typer.Option(None, help="second turns: answer these follow-ups (e.g. datasets/followups.jsonl) "
@@ -499,7 +510,7 @@ def distill(
     base: Optional[str] = typer.Option(None, help="with --followups: the distill folder continued (default <target>)"),
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
-    out: Optional[Path] = typer.Option(None, help="default datasets/distill/<target>[-followups]"),
+    out: Optional[Path] = typer.Option(None, help="folder for the shards (default datasets/distill/<target>[-followups])"),
     threads: ThreadsOpt = 0,
 ):
     """Have the target answer training prompts (or follow-ups to its own answers); commit-ready
@@ -529,14 +540,14 @@ def train(
     data: DistillDataOpt = [],
     prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
     steps: int = typer.Option(1500, help="optimiser steps (the same budget for every method by default)"),
-    lr: Optional[float] = typer.Option(None, help="default: the method's own"),
-    tokens_per_batch: int = typer.Option(4096),
-    max_len: int = typer.Option(1024),
+    lr: Optional[float] = typer.Option(None, help="peak learning rate (default: the method's own)"),
+    tokens_per_batch: int = typer.Option(4096, help="padded tokens per optimiser step (length-bucketed batches)"),
+    max_len: int = typer.Option(1024, help="longest training sequence in tokens; longer conversations keep their last N"),
     set_: list[str] = typer.Option([], "--set", help="method config key=value (architecture keys change the checkpoint name)"),
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
-    autocast: str = typer.Option("auto", help="auto | bf16 | off"),
-    out: Optional[Path] = typer.Option(None, help="default checkpoints/<target>/<method>[-<arch hash>]"),
+    autocast: str = typer.Option("auto", help="bf16 mixed precision in training: auto (on GPUs and CPUs with fast bf16) | bf16 | off"),
+    out: Optional[Path] = typer.Option(None, help="checkpoint folder to write (default checkpoints/<target>/<method>[-<arch hash>])"),
     init_from: Optional[Path] = typer.Option(None, help="warm-start from this finished checkpoint (same architecture): "
                                              "a new schedule cycle, its steps counted in the total"),
     shards: ShardsOpt = None,
@@ -567,7 +578,7 @@ def train(
 def calibrate_tree_cmd(
     method: MethodOpt,
     target: TargetOpt = "smollm2-135m",
-    checkpoint: Optional[Path] = typer.Option(None, help="default: the method's reference weights"),
+    checkpoint: Optional[Path] = typer.Option(None, help="drafter weights to fit the tree to (default: the method's reference weights)"),
     nodes: int = typer.Option(15, help="draft nodes of the tree (verify width = nodes + 1)"),
     topk: int = typer.Option(10, help="deepest rank a node may take in its head"),
     data: DistillDataOpt = [],

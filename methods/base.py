@@ -72,6 +72,13 @@ class Drafter(nn.Module):
             raise SpecbenchError(f"method '{cls.name}' is training-free and takes no --checkpoint")
         return cls(target, overrides).eval()
 
+    @classmethod
+    def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
+        """Config overrides that give this method a tree of `budget` draft tokens per verify, or
+        size it for this machine ("auto"): what `--tree-budget` sets. {} for methods without a
+        tree budget (prompt lookup, SpS: their chains have their own length keys)."""
+        return {}
+
     # ---- the decoding protocol ------------------------------------------------------------
     def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
         """A new sequence: `prompt` [P] ids, `prefill` holds the prompt's target hidden states

@@ -105,6 +105,11 @@ class EagleCore(LearnedDrafter):
         if self._sizer is not None:
             self._sizer.observe(step.accepted)
 
+    @classmethod
+    def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
+        """Dynamic trees (EAGLE-2, Gumiho): `total_tokens` counts the root, so N drafts is N + 1."""
+        return {"total_tokens": budget if budget == "auto" else int(budget) + 1}
+
     def tree_budget(self, scores: list[float]) -> int:
         """Draft nodes a dynamic tree keeps out of candidates with these cumulative log-probs:
         `total_tokens - 1`, or with total_tokens "auto" the size that pays most on this machine
@@ -267,6 +272,12 @@ class Eagle(EagleCore):
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
         self.tree = StaticTree.named(self.config["tree"])
+
+    @classmethod
+    def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
+        """The static tree is fixed: N keeps its first N nodes (breadth-first, parents first); a
+        budget above its 25 nodes or "auto" keeps all of them."""
+        return {} if budget == "auto" else {"tree": EAGLE1_TREE[: int(budget)]}
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:

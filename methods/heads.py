@@ -41,7 +41,7 @@ class HeadDrafter(LearnedDrafter):
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
         self._tree: StaticTree | None = None
-        if self.config["tree"] == "auto":
+        if self._fitted_tree_size() is not None:
             if not self.config["tree_candidates"]:
                 raise SpecbenchError(f"{self.name}: tree=auto needs the candidates fitted to these heads: run "
                                      f"`cli.py calibrate-tree -m {self.name} --save`, or --set tree=<preset>")
@@ -56,9 +56,29 @@ class HeadDrafter(LearnedDrafter):
             from harness.core.cost_model import best_size, verify_cost_curve
 
             cands = self.config["tree_candidates"]
-            n = best_size([p for _, p in cands], verify_cost_curve(self.target))
+            n = self._fitted_tree_size()
+            if n == "auto":
+                n = best_size([p for _, p in cands], verify_cost_curve(self.target))
             self._tree = StaticTree.for_heads([path for path, _ in cands[:n]], self.config["heads"])
         return self._tree
+
+    def _fitted_tree_size(self) -> int | str | None:
+        """"auto" (tree "auto": sized on this machine's cost curve), N (tree "auto:N": the N most
+        frequent fitted candidates), or None (a preset or explicit tree)."""
+        tree = self.config["tree"]
+        if tree == "auto":
+            return "auto"
+        if isinstance(tree, str) and tree.startswith("auto:"):
+            try:
+                return max(1, int(tree[5:]))
+            except ValueError:
+                raise SpecbenchError(f"{self.name}: tree={tree!r}: use auto or auto:N (N draft nodes)") from None
+        return None
+
+    @classmethod
+    def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
+        """The fitted candidates, cost-sized ("auto") or the leading N."""
+        return {"tree": "auto" if budget == "auto" else f"auto:{int(budget)}"}
 
     def own_proj(self, k: int) -> nn.Module | None:
         """Head k's own vocab projection (official layouts), or None: the frozen LM head."""

@@ -19,7 +19,15 @@ from rich.console import Console
 from harness.core.errors import SpecbenchError
 from harness.runs.benchmarks import load_questions, resolve_data_dir
 from harness.runs.results import default_run_dir
-from harness.runs.runner import RunConfig, Runner, check_settings, execute_grid, load_target, method_overrides
+from harness.runs.runner import (
+    RunConfig,
+    Runner,
+    check_settings,
+    execute_grid,
+    load_target,
+    method_overrides,
+    parse_tree_budget,
+)
 
 DEFAULT_METHOD = "pld"
 # Papers' order (SpS, Medusa, Hydra, EAGLE, EAGLE-2, Gumiho); other methods follow by name.
@@ -286,13 +294,15 @@ def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | Non
 
 def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out: Path | None = None,
                  data_dir: str | Path | None = None, console: Console | None = None, target=None,
-                 train_steps: int = 0, **ray: Any) -> Path:
+                 train_steps: int = 0, tree_budget: int | str | None = None, **ray: Any) -> Path:
     """`cli.py ablate`: the variants of `method` beside AR, on the grid of `spec` (`ray`: run_grid's
-    ray, ray_address, pack)."""
+    ray, ray_address, pack); `tree_budget` fixes the tree's size for every variant (--set wins)."""
     from methods.registry import get_method
 
     cls = get_method(method)
     fixed, sweep = parse_sweep(pairs, cls)
+    if tree_budget is not None:
+        fixed = {**cls.budget_overrides(parse_tree_budget(tree_budget)), **fixed}
     variants = make_variants(cls, fixed, sweep, grid)
     base = cls.resolve_config(fixed)
     ablation = {

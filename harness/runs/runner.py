@@ -107,10 +107,32 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+# `--tree-budget N|auto`, kept in the run's settings under this key: each tree method turns it into
+# its own keys (Drafter.budget_overrides), so one switch sizes every tree alike.
+TREE_BUDGET = "tree_budget"
+
+
+def parse_tree_budget(raw: Any) -> int | str:
+    """"auto" or a positive number of draft tokens per verify; anything else is one clear error."""
+    if raw == "auto":
+        return "auto"
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1 or str(raw).strip() not in (str(value), f"{value}.0"):
+        raise SpecbenchError(f"--tree-budget {raw!r}: give a number of draft tokens per verify (e.g. 24) or auto")
+    return value
+
+
 def method_overrides(method_cls: type, settings: dict[str, Any], all_methods: list[str]) -> dict[str, Any]:
     """The --set entries that apply to one method: `method.key=v` for it, plain `key=v` where it has the key."""
     mine: dict[str, Any] = {}
+    if TREE_BUDGET in settings:  # --tree-budget first: explicit --set keys win over it
+        mine.update(method_cls.budget_overrides(settings[TREE_BUDGET]))
     for key, value in settings.items():
+        if key == TREE_BUDGET:
+            continue
         if "." in key:
             name, sub = key.split(".", 1)
             if name == method_cls.name:
@@ -123,6 +145,9 @@ def method_overrides(method_cls: type, settings: dict[str, Any], all_methods: li
 def check_settings(settings: dict[str, Any], classes: dict[str, type]) -> None:
     """Every --set key must be used by at least one method of the run."""
     for key in settings:
+        if key == TREE_BUDGET:
+            parse_tree_budget(settings[key])
+            continue
         if "." in key:
             name, sub = key.split(".", 1)
             if name not in classes:
