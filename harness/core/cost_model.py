@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
+from harness.core.timing import Clock, Devices
 from harness.core.tree import DraftTree
 
 CURVE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -43,15 +42,9 @@ def interpolate(curve: list[list[float]], k: int) -> float:
     return y1 + (y1 - y0) * (k - x1) / (x1 - x0)
 
 
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def median_ms(fn, repeats: int, devices: Devices = None) -> float:
+    """Median milliseconds of `repeats` calls of `fn` whose work runs on `devices` (harness/core/timing.py)."""
+    return Clock(devices).median_ms(fn, repeats)
 
 
 @torch.inference_mode()
@@ -67,16 +60,17 @@ def forward_cost_ms(target, contexts: list[int], sizes: list[int], repeats: int)
         out[ctx] = {}
         for k in sizes:
             tree = DraftTree.chain(1, torch.randint(0, target.vocab_size, (k - 1,), generator=g))
+            tokens, positions, mask = tree.verify_inputs(target.input_device, ctx)  # on the device, untimed
 
             def step() -> None:
                 if k == 1:
-                    target.forward(tree.tokens, cache)
+                    target.forward(tokens, cache)
                 else:
-                    target.forward(tree.tokens, cache, position_ids=ctx + tree.depths, tree_mask=tree.attention_mask)
+                    target.forward(tokens, cache, position_ids=positions, tree_mask=mask)
                 cache.crop_to(ctx)
 
             step()  # warm-up: the first call of a shape pays for allocation
-            out[ctx][k] = median_ms(step, repeats)
+            out[ctx][k] = median_ms(step, repeats, target.devices)
     return out
 
 

@@ -5,10 +5,16 @@ so AR and every drafter run on the same Target, cache and acceptance code. As in
 `generate.py`, the loop is a few small functions: `prefill`, `speculative_step` (one step, with
 its timings), `Answer.extend` (trimming at EOS, a stop string or the token limit) and `generate`,
 which strings them together and keeps the per-step records.
+
+On a GPU the loop keeps the target's tensors on its device. Per step it copies to the device the
+tree's tokens, position ids and mask (`DraftTree.verify_inputs`) and the accepted path's row
+indices, and reads back only what the acceptance rule must read (harness/core/verify.py: the
+[N+1] argmax ids under greedy, one [V] distribution per accepted depth when sampling), plus the
+top-1 logit and gap of the path's rows when AR records them. Every clock is a `Clock` on the
+target's devices (harness/core/timing.py), which waits for queued kernels before it reads.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -18,6 +24,7 @@ from harness.core.errors import SpecbenchError
 from harness.core.kvcache import KVCache
 from harness.core.packed_linear import weight_format
 from harness.core.target import Target, TargetOutput
+from harness.core.timing import Clock
 from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
 
@@ -52,6 +59,7 @@ class Acceptance:
     hidden: torch.Tensor       # [A+1, H] target features (last layer, normed) at those nodes
     bonus: int                 # the target's next token (the next root)
     logits: torch.Tensor | None = None  # [A+1, V] target logits on the path (Medusa-style heads)
+    layers: dict[int, torch.Tensor] | None = None  # {i: [A+1, H]} inputs of the layers the drafter asks for
 
     @property
     def accepted(self) -> int:
@@ -182,13 +190,21 @@ def drafting_weights(drafter) -> weight_format:
     return weight_format(getattr(drafter, "config", {}).get("weights"))
 
 
+def feature_layers(drafter) -> list[int] | None:
+    """The target layers whose inputs the drafter reads beside the last hidden state, at prefill
+    and at every verify (its `target_layers()`: EAGLE-3's low, middle and high layer); None when
+    it reads none, or there is no drafter."""
+    layers = getattr(drafter, "target_layers", None)
+    return (layers() or None) if layers is not None else None
+
+
 def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, generator: torch.Generator | None,
             drafter=None) -> tuple[KVCache, TargetOutput, int]:
     """1. The prompt goes into a new cache; its last logits give the first new token (the root),
     and the drafter starts a sequence on the prompt's features. Returns (cache, prefill output, root)."""
     cache = target.new_cache(capacity=len(prompt_ids) + cfg.max_new_tokens + 80)
     prompt = torch.tensor(prompt_ids)
-    prefilled = target.forward(prompt, cache, logits="last")
+    prefilled = target.forward(prompt, cache, logits="last", layers=feature_layers(drafter))
     root = pick_token(prefilled.logits[-1], cfg.sampling, generator)
     if drafter is not None:
         with drafting_weights(drafter):
@@ -197,18 +213,17 @@ def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, genera
 
 
 def verify_tree(target: Target, cache: KVCache, tree: DraftTree, sampling: Sampling,
-                generator: torch.Generator | None) -> tuple[TargetOutput, Verdict]:
+                generator: torch.Generator | None, layers: list[int] | None = None) -> tuple[TargetOutput, Verdict]:
     """3-4. One target forward over root + tree nodes on top of the cached prefix; accept a path;
-    keep only that path's cache rows. Returns the forward's output ([N+1] rows) and the verdict."""
+    keep only that path's cache rows. Returns the forward's output ([N+1] rows, with the inputs of
+    `layers` too) and the verdict."""
     start = cache.length
-    if tree.size == 0:
-        verified = target.forward(tree.tokens, cache)
-    else:
-        verified = target.forward(tree.tokens, cache, position_ids=start + tree.depths,
-                                  tree_mask=tree.attention_mask)
+    tokens, positions, mask = tree.verify_inputs(target.input_device, start)
+    verified = target.forward(tokens, cache, position_ids=positions, tree_mask=mask if tree.size else None,
+                              layers=layers)
     verdict = verify(tree, verified.logits, sampling, generator)
     if tree.size:
-        cache.commit(start, torch.tensor(verdict.path))
+        cache.commit(start, torch.tensor(verdict.path, device=target.device))
     return verified, verdict
 
 
@@ -225,27 +240,32 @@ class Step:
 
 
 def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, root: int,
-                     sampling: Sampling, generator: torch.Generator | None, room: int) -> Step:
+                     sampling: Sampling, generator: torch.Generator | None, room: int,
+                     clock: Clock | None = None) -> Step:
     """One step: 2. propose a tree under `root`; 3. verify it with one target forward; 4. accept
     a path and commit its cache rows; trim the new tokens into `answer`; 5. let the drafter
-    observe the accepted tokens and their target features (unless the answer is finished)."""
-    t_propose = time.perf_counter()
+    observe the accepted tokens and their target features (unless the answer is finished).
+    `clock`: the loop's (default: one on the target's devices)."""
+    clock = clock or Clock(target.devices)
+    t_propose = clock.now()
     if drafter is None:
         tree = DraftTree.root_only(root)
     else:
         with drafting_weights(drafter):
             tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
-    t_verify = time.perf_counter()
-    verified, verdict = verify_tree(target, cache, tree, sampling, generator)
-    t_verified = time.perf_counter()
+    t_verify = clock.now()
+    verified, verdict = verify_tree(target, cache, tree, sampling, generator, feature_layers(drafter))
+    t_verified = clock.now()
     path = verdict.path
     kept = answer.extend(tree.tokens[path[1:]].tolist() + [verdict.bonus])
-    t_observe = time.perf_counter()
+    t_observe = clock.now()
     if drafter is not None and not answer.finished:
+        rows = torch.tensor(path, device=verified.hidden.device)
         with drafting_weights(drafter):
-            drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[path], verdict.bonus,
-                                       verified.logits[path]))
-    t_done = time.perf_counter()
+            layers = {i: h[rows] for i, h in verified.layers.items()} if verified.layers else None
+            drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[rows], verdict.bonus,
+                                       verified.logits[rows], layers))
+    t_done = clock.now()
     return Step(tree, verified, verdict, kept, draft_s=(t_verify - t_propose) + (t_done - t_observe),
                 verify_s=t_verified - t_verify)
 
@@ -260,7 +280,8 @@ def generate(target: Target, prompt_ids: list[int], cfg: GenerationConfig, draft
     max_ctx = getattr(target.config, "max_position_embeddings", 1 << 30)
     if len(prompt_ids) + 1 >= max_ctx:
         raise SpecbenchError(f"prompt of {len(prompt_ids)} tokens does not fit the target's context ({max_ctx})")
-    started = time.perf_counter()
+    clock = Clock(target.devices)
+    started = clock.now()
 
     cache, prefilled, root = prefill(target, prompt_ids, cfg, generator, drafter)
     answer = Answer(target, cfg, target.eos_token_ids, [root], list(prompt_ids) + [root])
@@ -269,14 +290,14 @@ def generate(target: Target, prompt_ids: list[int], cfg: GenerationConfig, draft
     res = Generation(answer.ids, len(prompt_ids), prefill_s=0.0, wall_s=0.0, stop_reason="")
     if cfg.record_logit_gaps:
         res.top1, res.gap = top1_and_gap(prefilled.logits[-1:])
-    res.prefill_s = time.perf_counter() - started
+    res.prefill_s = clock.now() - started
 
     while not answer.finished and answer.room > 0:
         room = min(answer.room, max_ctx - cache.length - 2)
         if room < 1:
             answer.stop_reason = "context"
             break
-        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, room)
+        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, room, clock)
         if cfg.record_logit_gaps:
             top1, gap = top1_and_gap(step.verified.logits[step.verdict.path])
             res.top1 += top1
@@ -290,5 +311,5 @@ def generate(target: Target, prompt_ids: list[int], cfg: GenerationConfig, draft
     if cfg.record_logit_gaps:
         res.top1 = res.top1[: len(res.output_ids)]
         res.gap = res.gap[: len(res.output_ids)]
-    res.wall_s = time.perf_counter() - started
+    res.wall_s = clock.now() - started
     return res

@@ -105,6 +105,11 @@ class KVCache(Cache):
     @torch.inference_mode()
     def commit(self, start: int, accepted: torch.Tensor) -> None:
         """After a tree forward written at `start`: keep the rows of `accepted` tree nodes (node indices,
-        ascending, root first) in order, drop the rest."""
+        ascending, root first) in order, drop the rest. The indices go to each layer's device
+        once (a target sharded with --device-map keeps its layers' rows on several GPUs)."""
+        on: dict[torch.device, torch.Tensor] = {accepted.device: accepted}
         for layer in self.layers:
-            layer.keep(start, accepted)
+            where = layer.keys.device if layer.is_initialized else accepted.device
+            if where not in on:
+                on[where] = accepted.to(where)
+            layer.keep(start, on[where])

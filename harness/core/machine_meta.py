@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.core import timing
 from harness.core.hardware import cpu_flags, cpu_kind, cpu_model
 
 # Packages whose versions change numbers (kernels, cache internals, quantisation readers).
@@ -119,12 +120,13 @@ class OtherCpuUse:
 
     def __enter__(self) -> "OtherCpuUse":
         self.cores: float | None = None
-        self._start = (_busy_seconds(), _own_cpu_seconds(), time.perf_counter())
+        # host CPU time over host wall time: the clock waits for no device
+        self._start = (_busy_seconds(), _own_cpu_seconds(), timing.now())
         return self
 
     def __exit__(self, *exc) -> None:
         busy0, own0, wall0 = self._start
-        busy1, own1, wall1 = _busy_seconds(), _own_cpu_seconds(), time.perf_counter()
+        busy1, own1, wall1 = _busy_seconds(), _own_cpu_seconds(), timing.now()
         if busy0 is not None and busy1 is not None and wall1 > wall0:
             self.cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (wall1 - wall0))
 

@@ -56,6 +56,15 @@ def module_device(device_map: dict[str, Any], name: str) -> torch.device:
     return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
 
 
+def placed_devices(device_map: dict[str, Any] | None) -> list[torch.device]:
+    """The distinct compute devices of a device map (GPU indices, "cpu"; "disk" offload is not one)."""
+    out: dict[torch.device, None] = {}
+    for where in (device_map or {}).values():
+        if where != "disk":
+            out[torch.device(f"cuda:{where}" if isinstance(where, int) else where)] = None
+    return list(out)
+
+
 def io_devices(model, device_map: dict[str, Any]) -> tuple[torch.device, torch.device]:
     """(input device: the token embedding's, output device: the LM head's) of a placed model."""
     names = {id(m): n for n, m in model.named_modules()}

@@ -239,6 +239,15 @@ class Target:
 
     # ------------------------------------------------------------------ facts
     @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """Every device the target computes on: its input and output devices, and with a
+        `--device-map` every device its layers were placed on (what the loop's clock waits for)."""
+        from harness.core.placement import placed_devices
+
+        return tuple(dict.fromkeys([self.input_device, self.device,
+                                    *placed_devices(getattr(self.model, "hf_device_map", None))]))
+
+    @property
     def vocab_size(self) -> int:
         return self.lm_head.weight.shape[0]
 
@@ -294,7 +303,7 @@ class Target:
         n = ids.shape[1]
         start = cache.length
         if position_ids is None:
-            position_ids = torch.arange(start, start + n)
+            position_ids = torch.arange(start, start + n, device=self.input_device)
         if self.runtime is not None and not layers and self.runtime.handles(cache, n):  # a prefill runs eagerly
             hidden, lg = self.runtime.forward(ids[0], cache, position_ids.reshape(-1), tree_mask)
             return TargetOutput({"all": lg, "last": lg[-1:], "none": None}[logits], hidden)

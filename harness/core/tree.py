@@ -33,8 +33,10 @@ class DraftTree:
     extra_children: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.tokens = self.tokens.reshape(-1).long()
-        self.parents = self.parents.reshape(-1).long()
+        # Host tensors: the acceptance rule walks them in Python; `verify_inputs` makes the
+        # device copies the target's forward takes, once per verify.
+        self.tokens = self.tokens.reshape(-1).long().cpu()
+        self.parents = self.parents.reshape(-1).long().cpu()
         if self.tokens.numel() != self.parents.numel():
             raise ValueError("tokens and parents differ in length")
         par = self.parents.tolist()
@@ -103,6 +105,14 @@ class DraftTree:
             for qi, ki in self.extra_mask:
                 m[qi, ki] = True
         return m
+
+    def verify_inputs(self, device: torch.device, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the target's verify forward takes, on `device` (the target's input device): tokens
+        [N+1], position ids `start + depth` [N+1] and the attention mask [N+1, N+1] (bool). Made
+        from the host parent list (microseconds of Python for the 129 nodes a tree may have) and
+        written to the device in two copies, never built row by row there (a kernel per row)."""
+        ids = torch.stack((self.tokens, self.depths + start)).to(device)
+        return ids[0], ids[1], self.attention_mask.to(device)
 
     def paths(self) -> list[list[int]]:
         """Every root->leaf path as node indices (the rows of `retrieve_indices`)."""

@@ -8,6 +8,13 @@
             target's (temperature + top-p) distribution. Unlike the official EAGLE-2 code, the
             bonus token after a fully accepted path is drawn from the *processed* distribution.
   typical   Medusa's typical acceptance (epsilon, alpha): lossy, named as such in every table.
+
+What each rule reads on the host (the target's logits stay on its device): greedy the argmax of
+every node ([N+1] ids, one copy per step); lossless the processed distribution of each node it
+visits ([V] floats per accepted depth, plus the draft law q of that node when the drafts were
+sampled); typical p(x) of every draft and the thresholds ([2N+1] floats) and the bonus node's
+distribution ([V]). Draws use the loop's generator, a CPU one, so a seed gives the same draws
+on every device.
 """
 from __future__ import annotations
 
@@ -79,7 +86,17 @@ def processed_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from `probs` [V], on the generator's device (the loop's generator is a CPU one)."""
+    if generator is not None:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None) -> list[int]:
+    """`n` draws from `probs` [V] without replacement, on the generator's device."""
+    if generator is not None:
+        probs = probs.to(generator.device)
+    return torch.multinomial(probs, n, replacement=False, generator=generator).tolist()
 
 
 def verify(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
@@ -124,10 +141,10 @@ def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, t
                     generator: torch.Generator | None) -> Verdict:
     tokens = tree.tokens.tolist()
     node, path = 0, [0]
-    p = processed_probs(logits[0], temperature, top_p)
+    p = processed_probs(logits[0], temperature, top_p).cpu()  # the rule reads this row, draft by draft
     while True:
         kids = tree.verify_children(node)
-        q = tree.q[node].float().clone() if (tree.q is not None and kids) else None
+        q = tree.q[node].to("cpu", torch.float32, copy=True) if (tree.q is not None and kids) else None
         chosen = None
         for c in kids:
             x = tokens[c]
@@ -148,7 +165,7 @@ def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, t
             return Verdict(path, sample(p, generator))
         node = chosen
         path.append(node)
-        p = processed_probs(logits[node], temperature, top_p)
+        p = processed_probs(logits[node], temperature, top_p).cpu()
 
 
 def verify_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
@@ -162,6 +179,9 @@ def verify_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
                            sampling.typical_alpha * torch.exp(-entropy))
     tokens = tree.tokens.tolist()
     parents = tree.parent_list
+    # Every draft's p(x) under its parent and every node's threshold, read in one copy each.
+    p_draft = [0.0] + probs[tree.parents[1:].to(probs.device), tree.tokens[1:].to(probs.device)].tolist()
+    thresholds = thresh.tolist()
     best, best_key = 0, (0, 0.0)
     depth = {0: 0}
     score = {0: 0.0}
@@ -169,8 +189,8 @@ def verify_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
         par = parents[c]
         if par not in depth:
             continue
-        px = float(probs[par, tokens[c]])
-        if px > float(thresh[par]):
+        px = p_draft[c]
+        if px > thresholds[par]:
             depth[c] = depth[par] + 1
             score[c] = score[par] + float(torch.log(torch.tensor(px)))
             key = (depth[c], score[c])
@@ -180,8 +200,8 @@ def verify_typical(tree: DraftTree, logits: torch.Tensor, sampling: Sampling,
     while parents[path[-1]] >= 0:
         path.append(parents[path[-1]])
     path.reverse()
-    p = probs[best].clone()
-    keep = p > thresh[best]
+    p = probs[best].cpu()
+    keep = p > thresholds[best]
     keep[p.argmax()] = True
     p = _renormalise(p * keep)
     return Verdict(path, sample(p, generator))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.machine_meta import collect_meta, contention_warning
 from harness.core.target import Target
+from harness.core.timing import Clock
 from harness.runs.benchmarks import load_questions, resolve_data_dir
 
 
@@ -52,10 +52,8 @@ def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5)
 
     def copy() -> None:
         dst.copy_(src)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
 
-    ms = median_ms(copy, repeats)
+    ms = median_ms(copy, repeats, device)
     return 2 * src.numel() * src.element_size() / (ms / 1e3)
 
 
@@ -79,12 +77,13 @@ class _StepCounter:
 
 def _hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[list[int], float, float]:
     counter = _StepCounter()
-    inp = torch.tensor([ids], device=target.device)
-    t0 = time.perf_counter()
+    inp = torch.tensor([ids], device=target.input_device)
+    clock = Clock(target.devices)
+    t0 = clock.now()
     out = target.model.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_new,
                                 do_sample=False, streamer=counter, pad_token_id=next(iter(target.eos_token_ids), 0),
                                 eos_token_id=sorted(target.eos_token_ids) or None, **kw)
-    dt = time.perf_counter() - t0
+    dt = clock.now() - t0
     return out[0, len(ids):].tolist(), dt, counter.tau()
 
 

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from harness.core.errors import SpecbenchError
+from harness.core.timing import Clock
 
 MATH_CATEGORIES = {"math"}
 
@@ -237,8 +237,9 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
     made = 0
     width = id_bytes(target.vocab_size)
     wide = {"id_bytes": width} if width != 2 else {}
+    clock = Clock(target.devices)
     for si in todo:
-        t0 = time.perf_counter()
+        t0 = clock.now()
         lines = []
         shard_tokens = 0
         shard = shards[si]
@@ -260,7 +261,7 @@ def distill(target, prompts_file: Path, out_dir: Path, plan: DistillPlan, batch_
         os.replace(tmp, out_dir / f"shard-{si:05d}.jsonl")
         made += shard_tokens
         if progress:
-            rate = shard_tokens / max(1e-9, time.perf_counter() - t0)
+            rate = shard_tokens / max(1e-9, clock.now() - t0)
             progress.update(task, advance=1, description=f"shard {si}: {rate:.0f} tok/s, {made} tokens this run")
     return {"jobs": len(jobs), "shards": len(shards), "generated_now": len(todo), "tokens_now": made}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from harness.core.timing import Clock
 from harness.train.data import FeatureDataset, batches
 
 
@@ -75,6 +75,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.device = drafter.target.device
+        self.clock = Clock(drafter.target.devices)  # a step's seconds include its queued GPU work
         self.bf16 = _use_bf16(cfg.autocast, self.device)
         self.step = 0
         self.epoch = 0
@@ -153,8 +154,9 @@ class Trainer:
         return batch
 
     def _to(self, batch):
-        for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask"):
-            setattr(batch, name, getattr(batch, name).to(self.device))
+        for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask", "layer_features"):
+            if getattr(batch, name) is not None:
+                setattr(batch, name, getattr(batch, name).to(self.device))
         return batch
 
     def _loss(self, batch) -> dict[str, torch.Tensor]:
@@ -202,7 +204,7 @@ class Trainer:
                         if self.step >= self.cfg.steps:
                             break
                         self._rng = torch.get_rng_state()
-                        t0 = time.perf_counter()
+                        t0 = self.clock.now()
                         out = self._loss(self._to(self._noised(batch)))
                         self.opt.zero_grad(set_to_none=True)
                         out["loss"].backward()
@@ -211,7 +213,7 @@ class Trainer:
                         self.sched.step()
                         self.step += 1
                         self.batch_in_epoch = i + 1
-                        self.seconds += time.perf_counter() - t0
+                        self.seconds += self.clock.now() - t0
                         self._rng = torch.get_rng_state()
                         shown = {k: round(float(v.detach()), 4) for k, v in out.items()}
                         progress.update(task, completed=self.step,
