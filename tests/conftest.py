@@ -49,12 +49,48 @@ def _tiny_llama(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 
     return model
 
 
-def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0):
+def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0, device=None, dtype=None):
+    """The tiny random Llama as a Target on `device` (default cpu) in `dtype` (default float32)."""
     import torch
 
     from harness.core.target import Target
 
-    return Target(_tiny_llama(vocab, hidden, layers, seed), None, "tiny-llama", torch.device("cpu"), torch.float32)
+    device, dtype = torch.device(device or "cpu"), dtype or torch.float32
+    model = _tiny_llama(vocab, hidden, layers, seed).to(device=device, dtype=dtype)
+    return Target(model, None, "tiny-llama", device, dtype)
+
+
+# ---- the device switch: `pytest --device cuda` or SPECBENCH_TEST_DEVICE=cuda ----------------------
+TEST_DEVICE_ENV = "SPECBENCH_TEST_DEVICE"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--device", default=None,
+                     help=f"device the device tests run on (cpu, cuda, cuda:N); default ${TEST_DEVICE_ENV} or cpu")
+
+
+@pytest.fixture(scope="session")
+def test_device(request):
+    """The device of the exactness, lossless-law, cache and tree tests: `--device`, else
+    $SPECBENCH_TEST_DEVICE, else cpu. A CUDA device torch cannot see skips them with the reason."""
+    import torch
+
+    name = request.config.getoption("--device") or os.environ.get(TEST_DEVICE_ENV) or "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        pytest.fail(f"--device / {TEST_DEVICE_ENV} '{name}' is no device: use cpu, cuda or cuda:N", pytrace=False)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"device tests asked for {name}, but torch sees no CUDA GPU here")
+    if device.type not in ("cpu", "cuda"):
+        pytest.fail(f"--device / {TEST_DEVICE_ENV} '{name}': the device tests run on cpu or cuda", pytrace=False)
+    return device
+
+
+@pytest.fixture(scope="session")
+def device_target(test_device):
+    """The tiny target (float32) on the test device."""
+    return make_tiny_target(device=test_device)
 
 
 @pytest.fixture(scope="session")

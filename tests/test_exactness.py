@@ -29,7 +29,8 @@ def accepted_share(gens) -> float:
 
 
 @pytest.mark.parametrize("method", ["oracle", "pld"])
-def test_greedy_equals_ar_on_tiny_llama(tiny_target, method):
+def test_greedy_equals_ar_on_tiny_llama(device_target, method):
+    tiny_target = device_target  # on the test device (tests/conftest.py: --device)
     cfg = GenerationConfig(max_new_tokens=48)
     gens = []
     for i, p in enumerate(prompts(tiny_target.vocab_size)):

@@ -84,8 +84,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def target():
-    return make_tiny_target(vocab=VOCAB, hidden=32, layers=1, seed=0)
+def target(test_device):
+    return make_tiny_target(vocab=VOCAB, hidden=32, layers=1, seed=0, device=test_device)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def ar_logits(target):
     """Target logits after the prompt, after prompt + t1, and after prompt + t1 + t2, by plain
     (causal, untreed) forwards: [V], [V, V], [V, V, V]."""
     def last(ids):
-        return target.forward(torch.tensor(ids), target.new_cache()).logits[-1].float()
+        return target.forward(torch.tensor(ids), target.new_cache()).logits[-1].float().cpu()
 
     l1 = last(PROMPT)
     l2 = torch.stack([last(PROMPT + [a]) for a in range(VOCAB)])
@@ -252,7 +252,7 @@ def verify_biased(kind: str):
     def rule(tree, logits, temperature, top_p, generator):
         tokens = tree.tokens.tolist()
         node, path = 0, [0]
-        p = processed_probs(logits[0], temperature, top_p)
+        p = processed_probs(logits[0], temperature, top_p).cpu()  # as the real rule reads it
         while True:
             kids = tree.children[node]
             q = tree.q[node].float().clone() if (tree.q is not None and kids) else None
@@ -277,11 +277,11 @@ def verify_biased(kind: str):
                     q = q / q.sum()
             if chosen is None:
                 if kind == "raw-bonus" and not kids:
-                    p = torch.softmax(logits[node].float(), -1)
+                    p = torch.softmax(logits[node].float(), -1).cpu()
                 return Verdict(path, sample(p, generator))
             node = chosen
             path.append(node)
-            p = processed_probs(logits[node], temperature, top_p)
+            p = processed_probs(logits[node], temperature, top_p).cpu()
 
     return rule
 

@@ -46,8 +46,8 @@ def test_chain_and_bad_parents():
         raise AssertionError("a node that is its own parent must be refused")
 
 
-def test_tree_forward_equals_causal_path_forward(tiny_target):
-    t = tiny_target
+def test_tree_forward_equals_causal_path_forward(device_target):
+    t = device_target
     g = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, t.vocab_size, (9,), generator=g)
     tree = tree_from_parent_map(int(prefix[-1]), torch.randint(0, t.vocab_size, (7,), generator=g).tolist(),
@@ -55,8 +55,8 @@ def test_tree_forward_equals_causal_path_forward(tiny_target):
     assert_tree_logits_match_paths(t, prefix[:-1], tree)
 
 
-def test_commit_keeps_accepted_rows_in_order(tiny_target):
-    t = tiny_target
+def test_commit_keeps_accepted_rows_in_order(device_target):
+    t = device_target
     g = torch.Generator().manual_seed(4)
     prefix = torch.randint(0, t.vocab_size, (6,), generator=g)
     tree = tree_from_parent_map(int(prefix[-1]), [3, 4, 5, 6, 7, 8, 9], [0, 0, 0, 1, 1, 3, 4])
