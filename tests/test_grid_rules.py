@@ -34,7 +34,7 @@ def test_typical_rows_beside_lossless_share_ar(shared_data, tmp_path):
     assert sum(r["method"] == "ar" for r in recs) == 2 * 2
     write_report(out)
     md = (out / "tables" / "main.md").read_text()
-    assert "pld (typical, lossy)" in md
+    assert "Prompt lookup (typical, lossy)" in md  # pld's display name (methods.registry.method_info)
 
 
 @pytest.mark.parametrize("temps,typical,needle", [([0.0], ["pld"], "needs a --temperature > 0"),

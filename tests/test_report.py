@@ -76,9 +76,12 @@ def synth_records(methods=("pld", "eagle"), benchmarks=("mt_bench", "gsm8k"), te
     return out
 
 
+CPU_KIND = "Test CPU 9000 (AMX-BF16)"
+
+
 def write_run(path: Path, methods=("pld", "eagle"), benchmarks=("mt_bench", "gsm8k"), temperatures=(0.0,),
               questions=4, typical=False, seed=0, variants=None, ablation=None, max_new_tokens=40,
-              cpu_flags=None) -> Path:
+              cpu_flags=None, cpu_kind=CPU_KIND) -> Path:
     labelled = synth_records(methods, benchmarks, temperatures, questions, typical, seed, variants)
     resolved = {}
     for label, rec in labelled:
@@ -96,7 +99,8 @@ def write_run(path: Path, methods=("pld", "eagle"), benchmarks=("mt_bench", "gsm
             "date": "2026-01-01T00:00:00+00:00",
             "cpu_flags": cpu_flags or {"avx2": True, "avx512f": True, "avx512_bf16": False, "amx_bf16": False,
                                        "amx_tile": False},
-            "gpu": None, "official_prompts": {b: True for b in benchmarks}}
+            "gpu": None, "official_prompts": {b: True for b in benchmarks}, "cpu_kind": cpu_kind,
+            "cpu_model": "Test CPU 9000", "torch_threads": 2}
     (path / "meta.json").write_text(json.dumps(meta, indent=2))
     rd = RunDir(path)
     for _, rec in labelled:
@@ -136,7 +140,7 @@ def test_a_rebuild_computes_the_statistics_once(run_dir, monkeypatch):
     monkeypatch.setattr(statistics, "main_cells", lambda *a, **k: calls.append(1) or real(*a, **k))
     paths = write_report(run_dir, ci=True)
     assert len(calls) == 1
-    assert {p.parent.name for p in paths} == {"tables", "plots"}
+    assert {p.parent.name for p in paths if p.name != "README.md"} == {"tables", "plots"}
 
 
 def test_bootstrap_interval_is_deterministic_and_covers_the_estimate(run_dir):
@@ -170,9 +174,9 @@ def test_cost_and_depth_tables(run_dir):
     stats = load_stats(run_dir)
     cost = stats.cost
     ar = cost[cost.method == "ar"].iloc[0]
-    assert ar.tau == 1.0 and ar.tree_size == 0 and ar.draft_parameters == 0
+    assert ar.tau == 1.0 and ar.tokens_per_verify == 0 and ar.draft_parameters == 0
     eagle = cost[(cost.method == "eagle") & (cost.temperature == 0)].iloc[0]
-    assert eagle.draft_parameters == PARAMS["eagle"] and eagle.tree_size == 6
+    assert eagle.draft_parameters == PARAMS["eagle"] and eagle.tokens_per_verify == 6
     # other = wall - prefill - draft - verify: the synthetic records add 1 ms per step.
     assert eagle.other_ms_per_step == pytest.approx(1.0, abs=1e-3)
     depth = stats.depth
@@ -195,7 +199,7 @@ def test_lossy_comes_from_the_records(tmp_path):
     assert set(stats.main[stats.main.lossy].acceptance) == {"lossless"}
     tables.write_tables(stats)
     md = (path / "tables" / "main.md").read_text()
-    assert "| pld (lossless, lossy) |" in md and "| pld |" in md
+    assert "| Prompt lookup (lossless, lossy) |" in md and "| Prompt lookup |" in md
 
 
 def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
@@ -230,8 +234,9 @@ def test_tables_layout(run_dir):
     tables.write_tables(load_stats(run_dir))
     md = (run_dir / "tables" / "main.md").read_text()
     assert "**Temperature 0 (greedy)**" in md and "**Temperature 1 (lossless, typical)**" in md
-    assert "| Method | MT-Bench Speedup | MT-Bench τ | GSM8K Speedup | GSM8K τ | Mean Speedup | Mean τ |" in md
-    assert "eagle (typical, lossy)" in md and "[" not in md.split("\n\n")[1]  # no CI without --ci
+    assert ("| Method | MT-Bench Speedup | MT-Bench τ | GSM8K Speedup | GSM8K τ | Mean Speedup | Mean τ "
+            "| Tokens/verify |") in md
+    assert "EAGLE (typical, lossy)" in md and "[" not in md.split("\n\n")[1]  # no CI without --ci
     tex = (run_dir / "tables" / "main.tex").read_text()
     assert "\\toprule" in tex and "\\multicolumn{2}{c}{MT-Bench}" in tex and "\\textbf{" in tex
     # Lossy rows are labelled and never bold.
@@ -239,21 +244,108 @@ def test_tables_layout(run_dir):
     assert lossy and not any("textbf" in line for line in lossy)
     for kind in ("cost", "depth"):
         text = (run_dir / "tables" / f"{kind}.md").read_text()
-        assert "eagle (typical, lossy)" in text
+        assert "EAGLE (typical, lossy)" in text
     csv = (run_dir / "tables" / "main.csv").read_text().splitlines()
-    assert csv[0].startswith("temperature,method,variant,acceptance,lossy,config_hash,benchmark,answers,speedup,"
-                             "speedup_lo,speedup_hi,tau,tau_lo,tau_hi")
+    assert csv[0] == ("temperature,method,variant,acceptance,lossy,config_hash,benchmark,answers,speedup,"
+                      "speedup_lo,speedup_hi,tau,tau_lo,tau_hi,tokens_per_verify")
     tables.write_tables(load_stats(run_dir), ci=True)
     assert "Brackets: 95% bootstrap interval" in (run_dir / "tables" / "main.md").read_text()
 
 
-def test_best_is_bold_in_markdown(tmp_path):
+def _cell(value: float, lo: float, hi: float) -> statistics.Cell:
+    """A cell whose τ and speedup are `value` with the 95% interval [lo, hi]."""
+    reps = np.repeat([lo, value, hi], 200)  # the 2.5th percentile is lo, the 97.5th hi
+    return statistics.Cell(10, value, value, reps, reps)
+
+
+def _row(method: str, lossy: bool = False) -> statistics.Row:
+    return statistics.Row(0.0, method, method, "typical" if lossy else "greedy", method, lossy)
+
+
+def test_emphasis_bolds_a_clear_win_and_marks_a_tie():
+    a, b, c, lossy = _row("eagle"), _row("pld"), _row("medusa"), _row("hydra", lossy=True)
+    clear = {a: _cell(2.0, 1.9, 2.1), b: _cell(1.5, 1.4, 1.6), c: _cell(1.0, 0.9, 1.1), lossy: _cell(3.0, 2.9, 3.1)}
+    assert tables.emphasis(clear, list(clear), "tau") == {a: "best"}  # the lossy row never competes
+    # the runner-up's interval reaches into the best's: both tied, the third (clear of the best) not
+    tie = {**clear, b: _cell(1.8, 1.6, 1.95)}
+    assert tables.emphasis(tie, list(tie), "tau") == {a: "tie", b: "tie"}
+    # a wide interval lower down overlaps the best's too
+    wide = {**clear, c: _cell(1.2, 0.5, 1.92)}
+    assert tables.emphasis(wide, list(wide), "speedup") == {a: "tie", c: "tie"}
+    # without intervals nothing can be told apart; with one competitor nothing is marked
+    bare = {a: statistics.Cell(10, 2.0, 2.0, None, None), b: statistics.Cell(10, 1.0, 1.0, None, None)}
+    assert tables.emphasis(bare, list(bare), "tau") == {a: "tie", b: "tie"}
+    assert tables.emphasis(clear, [a, lossy], "tau") == {}
+
+
+def _main_line(md: str, label: str, block: int = 0) -> str:
+    return [line for line in md.splitlines() if line.startswith(f"| {label} |")][block]
+
+
+def test_best_is_bold_only_when_its_interval_clears_the_rest(tmp_path):
     run_dir = write_run(tmp_path / "r", methods=("pld", "eagle"))
-    write_report(run_dir, plots=False)
+    stats = load_stats(run_dir)
+    tables.write_tables(stats)
     md = (run_dir / "tables" / "main.md").read_text()
-    eagle = next(line for line in md.splitlines() if line.startswith("| eagle"))
-    pld = next(line for line in md.splitlines() if line.startswith("| pld"))
-    assert eagle.count("**") == 12 and "**" not in pld  # eagle accepts more on every benchmark
+    eagle, pld = _main_line(md, "EAGLE"), _main_line(md, "Prompt lookup")
+    by = {r.method: c for r, c in stats.cells.items()}
+    for b in stats.run.columns:  # eagle accepts twice as often: its τ interval clears pld's everywhere
+        assert by["eagle"][b].tau_ci[0] > by["pld"][b].tau_ci[1]
+        assert f"**{by['eagle'][b].tau:.2f}**" in eagle
+    assert "**" not in pld and "†" not in pld
+    assert "Bold: the best lossless value, its 95% bootstrap interval clear of every other" in md
+    assert "†: tied for best" in md
+
+
+def test_a_tie_gets_no_bold_but_a_dagger(tmp_path):
+    """EAGLE's answers made identical to pld's: equal τ, overlapping intervals, so neither is bold."""
+    from tests.test_regress import edit_records
+
+    run_dir = write_run(tmp_path / "r", methods=("pld", "eagle"))
+    pld = {prompt_key(r): r for r in RunDir(run_dir).records() if r["method"] == "pld"}
+
+    def copy_pld(rec):
+        if rec["method"] == "eagle":
+            rec.update(steps=pld[prompt_key(rec)]["steps"], wall_s=pld[prompt_key(rec)]["wall_s"])
+    edit_records(run_dir, copy_pld)
+    tables.write_tables(load_stats(run_dir))
+    md = (run_dir / "tables" / "main.md").read_text()
+    tex = (run_dir / "tables" / "main.tex").read_text()
+    for label in ("EAGLE", "Prompt lookup"):
+        line = _main_line(md, label)
+        assert "**" not in line and line.count("†") == 6  # speedup and τ of two benchmarks and the Mean
+    assert "\\textbf" not in tex and "$^\\dagger$" in tex
+
+
+def test_every_table_defines_mean_and_shows_tokens_per_verify(run_dir):
+    """The Mean is the arithmetic mean of the per-benchmark values, and the captions say so; every
+    table has the rows' budget (draft tokens verified per step: 6 in the synthetic records)."""
+    stats = load_stats(run_dir)
+    row = next(r for r in stats.run.rows if r.method == "eagle" and not r.lossy and r.temperature == 0)
+    cells = stats.cells[row]
+    assert cells["mean"].tau == pytest.approx((cells["mt_bench"].tau + cells["gsm8k"].tau) / 2, abs=1e-12)
+    assert cells["mean"].tokens_per_verify == 6.0
+    write_report(run_dir)
+    md = (run_dir / "tables" / "main.md").read_text()
+    assert "Mean: the arithmetic mean of the row's per-benchmark values" in md
+    assert "\\textbf" in (run_dir / "tables" / "main.tex").read_text()
+    assert _main_line(md, "EAGLE").endswith("| 6.0 |")
+    written = sorted((run_dir / "tables").glob("*.md"))
+    assert {p.stem for p in written} == {"main", "cost", "depth"}
+    for path in written:
+        text = path.read_text()
+        assert "Tokens/verify" in text and CPU_KIND in text, path.name
+    for name in ("main", "cost", "depth"):
+        assert "tokens_per_verify" in (run_dir / "tables" / f"{name}.csv").read_text().splitlines()[0]
+
+
+def test_rows_follow_the_declared_method_order_with_display_names(tmp_path):
+    from methods.registry import method_info
+
+    stats = load_stats(write_run(tmp_path / "r", methods=("eagle", "medusa", "pld")))
+    assert [r.method for r in stats.run.rows] == ["pld", "medusa", "eagle"]
+    assert [r.label for r in stats.run.rows] == [method_info(m).display_name for m in ("pld", "medusa", "eagle")]
+    assert [r.label for r in stats.run.rows] == ["Prompt lookup", "Medusa", "EAGLE"]
 
 
 def test_plots_written(run_dir):
@@ -262,6 +354,81 @@ def test_plots_written(run_dir):
     for stem in ("depth", "speedup", "tau", "time"):
         assert f"{stem}.png" in names and f"{stem}.svg" in names
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures write_plots draws, by name, instead of files."""
+    figures = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, out, name: figures.setdefault(name, fig) and [])
+    return figures
+
+
+def test_every_figure_has_a_caption_naming_the_setting(run_dir, drawn):
+    plots.write_plots(load_stats(run_dir))
+    assert set(drawn) == {"speedup", "tau", "depth", "time"}
+    for name, fig in drawn.items():
+        text = " ".join(fig._supxlabel.get_text().split())
+        assert text.startswith(f"tiny, float32, {CPU_KIND}, 2 threads · "), (name, text)
+        per = "row" if name in ("depth", "time") else "cell"
+        assert f"answers per {per}" in text and ("95% bootstrap intervals" in text or "no intervals" in text), text
+
+
+def test_caption_derives_the_cpu_kind_of_older_folders(tmp_path, drawn):
+    """Folders written before meta.json stored cpu_kind: derived from the CPU model and flags."""
+    run_dir = write_run(tmp_path / "r", cpu_kind=None,
+                        cpu_flags={"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": False})
+    plots.write_plots(load_stats(run_dir))
+    assert "Test CPU 9000 (AVX512-BF16, no AMX), 2 threads" in drawn["tau"]._supxlabel.get_text()
+
+
+def test_method_colours_and_names_come_from_the_methods(run_dir, drawn):
+    from matplotlib.colors import to_hex
+
+    from methods.registry import get_method, method_info, method_names
+
+    assert not hasattr(plots, "METHOD_COLORS")
+    colours = [method_info(m).color for m in method_names()]
+    assert len(set(colours)) == len(colours)  # one distinct colour per method
+    assert plots.method_color("eagle") == get_method("eagle").color
+    assert plots.method_color("newthing") == plots.method_color("newthing") == method_info("newthing").color
+    plots.write_plots(load_stats(run_dir))
+    legend = drawn["tau"].legends[0]
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels[:3] == ["Prompt lookup", "Medusa", "EAGLE"]
+    patch = legend.get_patches()[labels.index("EAGLE")]
+    assert to_hex(patch.get_facecolor()) == method_info("eagle").color.lower()
+
+
+def test_depth_is_small_multiples_one_panel_per_method(run_dir, drawn):
+    plots.write_plots(load_stats(run_dir))
+    panels = [ax for ax in drawn["depth"].axes if ax.get_visible()]
+    assert [ax.get_title(loc="left") for ax in panels] == ["Prompt lookup", "Medusa", "EAGLE"]
+    # one line per setting: T=0 greedy, T=1 lossless, T=1 typical (lossy, hollow markers)
+    assert [len(ax.get_lines()) for ax in panels] == [3, 3, 3]
+    assert [line.get_markerfacecolor() for line in panels[2].get_lines()][2] == "white"
+    legend = [t.get_text() for t in drawn["depth"].legends[0].get_texts()]
+    assert legend == ["T=0 greedy", "T=1 lossless", "T=1 typical (lossy)"]
+
+
+def test_time_is_ms_per_token_with_the_ar_line(run_dir, drawn):
+    stats = load_stats(run_dir)
+    cost = stats.cost
+    eagle = cost[(cost.method == "eagle") & (cost.temperature == 0)].iloc[0]
+    per_step = eagle.draft_ms_per_step + eagle.verify_ms_per_step + eagle.other_ms_per_step
+    assert eagle.ms_per_token == pytest.approx(per_step / eagle.tau, abs=2e-3)  # ms per step / τ
+    assert eagle.ms_per_token_lo < eagle.ms_per_token < eagle.ms_per_token_hi
+    plots.write_plots(stats)
+    ar = cost[cost.method == "ar"].set_index("temperature")
+    axes = {ax.get_label(): ax for ax in drawn["time"].axes}
+    for t in (0.0, 1.0):  # per temperature: AR's ms per token as a line, AR's 'other' on the zoom
+        dashed = [line.get_xdata()[0] for line in axes[f"time T={t:g}"].get_lines() if line.get_linestyle() == "--"]
+        assert dashed == pytest.approx([ar.ms_per_token[t]])
+        dashed = [line.get_xdata()[0] for line in axes[f"other T={t:g}"].get_lines() if line.get_linestyle() == "--"]
+        assert dashed == pytest.approx([ar.other_ms_per_token[t]])
+    # 'other' has an axis of its own: its scale is that of the part, not of the total
+    zooms = [axes["other T=0"]]
+    assert zooms and zooms[0].get_xlim()[1] < 0.5 * eagle.ms_per_token
 
 
 def test_rebuild_by_cli_equals_compare_output(run_dir, tmp_path):
@@ -291,12 +458,6 @@ def test_table_of_a_folder_without_records_is_one_line(tmp_path):
         write_report(write_run(tmp_path / "ar", methods=()), plots=False)
     with pytest.raises(SpecbenchError, match="AR records only"):
         write_report(tmp_path / "ar", tables=False)
-
-
-def test_fixed_colours():
-    assert plots.method_color("pld") == plots.METHOD_COLORS["pld"]
-    assert plots.method_color("newthing") == plots.method_color("newthing")
-    assert plots.method_color("newthing") in plots.EXTRA_COLORS
 
 
 def test_ablation_folder_tables_and_plot(tmp_path):
@@ -383,12 +544,15 @@ class _Learned:
     trainable = True
     defaults = {"layers": 1, "topk": 4}
     arch_keys = ("layers",)
+    # what methods.registry.method_info reads (discovery orders methods by `order`)
+    display_name, paper, year, color, order = "Fake", "", None, "", 100
+    acceptance_rules, checkpoint_layout = ("greedy", "lossless"), ""
 
     @classmethod
     def resolve_config(cls, overrides):
-        from methods.base import Drafter
-
-        return Drafter.resolve_config.__func__(cls, overrides)
+        if set(overrides) - set(cls.defaults):
+            raise SpecbenchError(f"method 'fake' has no config key(s) {sorted(set(overrides) - set(cls.defaults))}")
+        return {**cls.defaults, **overrides}
 
     @classmethod
     def arch_hash(cls, config):

@@ -1,15 +1,19 @@
 """Paper-style figures of a run's statistics, and the τ history across commits.
 
-One column wide (3.4 in), small fonts, one fixed colour per method (Okabe-Ito, colour-blind safe)
-in every figure; lossy rows are hatched or drawn hollow. Files: `plots/{speedup,tau,depth,time}
-.{png,svg}` (+ `ablation.*` for `cli.py ablate` folders); `history.{png,svg}` for `cli.py
-history`. PNG and SVG carry no date or software version, so a rebuild gives identical files. Only
-drawing happens here: the numbers come precomputed in a `RunStats` (harness/runs/statistics.py).
+One column wide (3.4 in, ~700 px at README width), small fonts, one colour and one display name
+per method in every figure, both declared once by the method (methods.registry.method_info);
+variants of one method (ablations) take a palette of their own. Lossy rows are hatched or drawn
+hollow. Every figure ends with a caption line: target, dtype, machine, answers per cell (or row),
+and the interval shown. Files: `plots/{speedup,tau,depth,time}.{png,svg}` (+ `ablation.*` for
+`cli.py ablate` folders); `history.{png,svg}` for `cli.py history`. PNG and SVG carry no date or
+software version, so a rebuild gives identical files. Only drawing happens here: the numbers come
+precomputed in a `RunStats` (harness/runs/statistics.py).
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,40 +21,37 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
-from harness.report.tables import benchmark_title, frame_label
+from harness.report.tables import answers_text, benchmark_title, frame_label, setting_text
 from harness.runs.metrics import AR_METHOD
 from harness.runs.statistics import (
+    CI_LEVEL,
     MEAN,
     Cell,
     Row,
     RunData,
     RunStats,
+    display_label,
     fmt_temperature,
     is_lossy,
     row_label,
 )
+from methods.registry import method_info
 
-# One colour per method in every figure (Okabe-Ito, colour-blind safe); others get a stable pick.
-METHOD_COLORS = {
-    AR_METHOD: "#7F7F7F", "pld": "#E69F00", "medusa": "#56B4E9", "hydra": "#009E73",
-    "eagle": "#0072B2", "eagle2": "#D55E00", "gumiho": "#CC79A7", "sps": "#332288",
-}
-EXTRA_COLORS = ("#882255", "#44AA99", "#999933", "#332288", "#117733", "#AA4499", "#661100")
 # Several variants of one method (ablations): one colour each, in variant order.
 VARIANT_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#882255",
                   "#999933", "#332288", "#44AA99", "#117733", "#AA4499")
-# Draft / verify / other in the stacked time plot: greys with hatches, apart from method colours.
-PART_STYLE = {"draft": ("#404040", ""), "verify": ("#A0A0A0", ""), "other": ("#E0E0E0", "///")}
+# Draft / verify / other in the time plot: greys and a hatch, apart from the method colours.
+PART_STYLE = {"draft": ("#3A3A3A", ""), "verify": ("#B4B4B4", ""), "other": ("#FFFFFF", "//////")}
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper
+COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper; ~700 px at README width
+CAPTION_CHARS = 84     # characters per caption line at the caption's font size and column width
+INTERVAL = f"{int(CI_LEVEL * 100)}% bootstrap intervals over answers"
 
 
 def method_color(method: str) -> str:
-    if method in METHOD_COLORS:
-        return METHOD_COLORS[method]
-    digest = int(hashlib.sha256(method.encode()).hexdigest(), 16)
-    return EXTRA_COLORS[digest % len(EXTRA_COLORS)]
+    """The method's declared colour (AR grey; a stable spare colour for undeclared methods)."""
+    return method_info(method).color
 
 
 def row_color(run: RunData, row: Row) -> str:
@@ -98,6 +99,17 @@ def _legend_above(fig, handles, labels) -> None:
                handlelength=1.5, columnspacing=1.0)
 
 
+def caption(fig, text: str, width: float = COLUMN_WIDTH_IN) -> None:
+    """The figure's caption line(s) under everything else, small and grey."""
+    chars = int(CAPTION_CHARS * width / COLUMN_WIDTH_IN)
+    fig.supxlabel("\n".join(textwrap.wrap(text, chars)), fontsize=5.5, color="#444444", ha="center")
+
+
+def run_caption(run: RunData, answers: list[int], per: str, shown: str) -> str:
+    """'<target>, <dtype>, <machine> · <n> answers per <per> · <shown>'."""
+    return f"{setting_text(run)} · {answers_text(answers)} answers per {per} · {shown}"
+
+
 def _agg():
     """matplotlib without a display, imported only when a figure is drawn."""
     import matplotlib
@@ -108,13 +120,18 @@ def _agg():
     return rc_context(_style())
 
 
+def _temperature_title(ax, t: float, temps: list[float]) -> None:
+    if len(temps) > 1 or any(x > 0 for x in temps):
+        ax.set_title(f"T = {fmt_temperature(t)}", loc="left")
+
+
 # ----------------------------------------------------------------------------- run figures
 
 def _bars(run: RunData, cells: dict[Row, dict[str, Cell]], metric: str, ylabel: str,
           columns: list[str] | None = None, titles: dict[str, str] | None = None):
     """Grouped bars of `metric` per benchmark (or per `columns`, labelled `titles`), one panel per temperature."""
     temps = [t for t in run.temperatures if any(r.temperature == t for r in run.rows)]
-    fig = _figure(0.55 + 1.55 * len(temps))
+    fig = _figure(0.75 + 1.55 * len(temps))
     axes = fig.subplots(len(temps), 1, squeeze=False)[:, 0]
     columns = run.columns if columns is None else columns
     title = (lambda c: titles[c]) if titles else benchmark_title
@@ -132,64 +149,131 @@ def _bars(run: RunData, cells: dict[Row, dict[str, Cell]], metric: str, ylabel: 
                           color=row_color(run, row), hatch="////" if row.lossy else "", edgecolor="white",
                           linewidth=0.3, yerr=err, error_kw={"elinewidth": 0.6, "capsize": 1.2, "ecolor": "#333333"})
             handles.setdefault(row.label, bars)
-        ax.axhline(1.0, color=METHOD_COLORS[AR_METHOD], linestyle="--", linewidth=0.8, zorder=0)
+        ax.axhline(1.0, color=method_color(AR_METHOD), linestyle="--", linewidth=0.8, zorder=0)
         ax.set_xticks(x, [title(b) for b in columns],
                       rotation=30 if len(columns) > 4 else 0, ha="right" if len(columns) > 4 else "center",
                       rotation_mode="anchor")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(axis="x", visible=False)
-        if len(temps) > 1 or any(t > 0 for t in temps):
-            ax.set_title(f"T = {fmt_temperature(t)}", loc="left")
+        _temperature_title(ax, t, temps)
     _legend_above(fig, list(handles.values()), list(handles))
+    answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
+    caption(fig, run_caption(run, answers, "cell", f"whiskers: {INTERVAL}; dashed line: AR"))
     return fig
 
 
 def _depth_plot(run: RunData, curves: dict[Row, list[float]]):
-    fig = _figure(2.2)
-    ax = fig.subplots()
-    temps = run.temperatures
-    handles, labels = [], []
-    for row in run.rows:
-        curve = curves[row]
-        if not curve:
-            continue
-        style = LINESTYLES[temps.index(row.temperature) % len(LINESTYLES)]
-        (line,) = ax.plot(range(1, len(curve) + 1), curve, linestyle=style, marker="o", color=row_color(run, row),
-                          markerfacecolor="white" if row.lossy else row_color(run, row))
-        handles.append(line)
-        labels.append(row.label + (f", T={fmt_temperature(row.temperature)}" if len(temps) > 1 else ""))
-    ax.set_xlabel("Depth d (drafts accepted in one step)")
-    ax.set_ylabel("Share of steps reaching d")
-    ax.set_ylim(0, 1.02)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    _legend_above(fig, handles, labels)
+    """Small multiples: one panel per method (or ablation variant), one line per temperature and
+    acceptance rule, the same line style for the same setting in every panel."""
+    from matplotlib.lines import Line2D
+
+    rows = [r for r in run.rows if curves[r]]
+    if not rows:
+        return None
+    panels = list(dict.fromkeys(r.name for r in rows))
+    settings = list(dict.fromkeys((r.temperature, r.acceptance, r.lossy) for r in rows))
+    ncols = 1 if len(panels) == 1 else 2 if len(panels) <= 6 else 3
+    nrows = math.ceil(len(panels) / ncols)
+    fig = _figure(0.75 + 1.05 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    depth = max(len(curves[r]) for r in rows)
+    for i, name in enumerate(panels):
+        ax = axes[i // ncols][i % ncols]
+        mine = [r for r in rows if r.name == name]
+        for row in mine:
+            k = settings.index((row.temperature, row.acceptance, row.lossy))
+            color = row_color(run, row)
+            curve = curves[row]
+            ax.plot(range(1, len(curve) + 1), curve, linestyle=LINESTYLES[k % len(LINESTYLES)],
+                    marker=MARKERS[k % len(MARKERS)], color=color, markersize=2.5,
+                    markerfacecolor="white" if row.lossy else color, markeredgewidth=0.7)
+        ax.set_title(display_label(name, mine[0].method), loc="left", color=row_color(run, mine[0]),
+                     fontweight="bold", pad=2)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlim(0.5, depth + 0.5)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    for j in range(len(panels), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    for r in range(nrows):
+        axes[r][0].set_ylabel("Steps reaching d")
+    for c in range(ncols):
+        bottom = max(r for r in range(nrows) if r * ncols + c < len(panels))
+        axes[bottom][c].set_xlabel("Depth d (drafts accepted)")
+        axes[bottom][c].xaxis.set_tick_params(labelbottom=True)
+    if len(settings) > 1:
+        handles = [Line2D([], [], color="#444444", linestyle=LINESTYLES[k % len(LINESTYLES)],
+                          marker=MARKERS[k % len(MARKERS)], markersize=3,
+                          markerfacecolor="white" if lossy else "#444444")
+                   for k, (t, acceptance, lossy) in enumerate(settings)]
+        labels = [f"T={fmt_temperature(t)} {acceptance}" + (" (lossy)" if lossy else "")
+                  for t, acceptance, lossy in settings]
+        _legend_above(fig, handles, labels)
+    answers = [len(run.row_records(r)) for r in rows]
+    caption(fig, run_caption(run, answers, "row", "share of all verify steps, pooled over benchmarks; no intervals"))
     return fig
 
 
 def _time_plot(run: RunData, cost: pd.DataFrame):
-    rows = cost.to_dict("records")
-    fig = _figure(0.75 + 0.24 * len(rows))
-    ax = fig.subplots()
+    """Milliseconds per generated token (ms per verify step / τ), split into draft / verify / other,
+    one panel per temperature, with AR's ms per token as a line; 'other' again on its own scale at
+    the right, where it is visible."""
+    from matplotlib.lines import Line2D
+
     temps = sorted(set(cost["temperature"]))
-    y = np.arange(len(rows))[::-1]
-    left = np.zeros(len(rows))
-    for part in ("draft", "verify", "other"):
-        values = np.array([max(0.0, r[f"{part}_ms_per_step"]) if np.isfinite(r[f"{part}_ms_per_step"]) else 0.0
-                           for r in rows])
-        color, hatch = PART_STYLE[part]
-        ax.barh(y, values, 0.65, left=left, color=color, hatch=hatch, edgecolor="white" if not hatch else "#808080",
-                linewidth=0.3, label=part)
-        left += values
-    names = [frame_label(r) + (f"  T={fmt_temperature(r['temperature'])}" if len(temps) > 1 else "") for r in rows]
-    ax.set_yticks(y, names)
-    for tick, r in zip(ax.get_yticklabels(), rows):
-        row = Row(r["temperature"], r["method"], r["config_hash"], r["acceptance"], r["variant"], r["lossy"])
-        tick.set_color(row_color(run, row))
-    ax.set_xlabel("Milliseconds per verify step")
-    ax.grid(axis="y", visible=False)
-    handles, labels = ax.get_legend_handles_labels()
-    _legend_above(fig, handles, labels)
+    blocks = [(t, cost[(cost.temperature == t)]) for t in temps]
+    blocks = [(t, b[b.method != AR_METHOD], b[b.method == AR_METHOD]) for t, b in blocks]
+    blocks = [(t, b, ar) for t, b, ar in blocks if len(b)]
+    n_rows = sum(len(b) for _, b, _ in blocks)
+    fig = _figure(0.95 + 0.2 * n_rows + 0.35 * len(blocks))
+    grid = fig.add_gridspec(len(blocks), 2, width_ratios=[3.3, 1], height_ratios=[len(b) + 1.2 for _, b, _ in blocks])
+    handles: dict[str, Any] = {}
+    # One ms/token scale for every temperature, so panels compare; 'other' on each panel's own.
+    right = np.nanmax(np.r_[cost["ms_per_token"], cost["ms_per_token_hi"]]) * 1.04
+    for i, (t, block, ar) in enumerate(blocks):
+        ax = fig.add_subplot(grid[i, 0], label=f"time T={fmt_temperature(t)}")
+        zoom = fig.add_subplot(grid[i, 1], sharey=ax, label=f"other T={fmt_temperature(t)}")
+        recs = block.to_dict("records")
+        y = np.arange(len(recs))[::-1]
+        left = np.zeros(len(recs))
+        for part in ("draft", "verify", "other"):
+            values = np.array([max(0.0, r[f"{part}_ms_per_token"]) if np.isfinite(r[f"{part}_ms_per_token"])
+                               else 0.0 for r in recs])
+            color, hatch = PART_STYLE[part]
+            bars = ax.barh(y, values, 0.7, left=left, color=color, hatch=hatch, edgecolor="#606060", linewidth=0.3)
+            handles.setdefault(part, bars)
+            left += values
+            if part == "other":
+                zoom.barh(y, values, 0.7, color=color, hatch=hatch, edgecolor="#606060", linewidth=0.3)
+        total = np.array([r["ms_per_token"] for r in recs])
+        lo = np.array([r["ms_per_token_lo"] for r in recs])
+        hi = np.array([r["ms_per_token_hi"] for r in recs])
+        err = np.where(np.isfinite([total - lo, hi - total]), np.abs([total - lo, hi - total]), 0.0)
+        ax.errorbar(total, y, xerr=err, fmt="none", ecolor="black", elinewidth=0.6, capsize=1.5)
+        if len(ar):
+            a = ar.iloc[0]
+            handles.setdefault("AR", Line2D([], [], color=method_color(AR_METHOD), linestyle="--", linewidth=1.0))
+            ax.axvline(a["ms_per_token"], color=method_color(AR_METHOD), linestyle="--", linewidth=1.0, zorder=3)
+            ax.text(a["ms_per_token"], len(recs) - 0.35, f" AR {a['ms_per_token']:.1f}", fontsize=5.5,
+                    color="#404040", va="bottom", ha="left")
+            if np.isfinite(a["other_ms_per_token"]):
+                zoom.axvline(a["other_ms_per_token"], color=method_color(AR_METHOD), linestyle="--", linewidth=1.0)
+        ax.set_yticks(y, [frame_label(r) for r in recs])
+        ax.set_ylim(-0.6, len(recs) + 0.2)
+        ax.set_xlim(0, right)
+        zoom.set_xlim(left=0)
+        zoom.tick_params(axis="y", labelleft=False)
+        for a_ in (ax, zoom):
+            a_.grid(axis="y", visible=False)
+        _temperature_title(ax, t, temps)
+        if i == len(blocks) - 1:
+            ax.set_xlabel("ms per generated token")
+            zoom.set_xlabel("other, own scale")
+    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=len(handles), frameon=False,
+               handlelength=1.5, columnspacing=1.0)
+    answers = [int(r) for r in cost[cost.method != AR_METHOD]["answers"]]
+    caption(fig, run_caption(run, answers, "row", f"bars: ms per verify step / τ, pooled over benchmarks; "
+                                                   f"whiskers: {INTERVAL}"))
     return fig
 
 
@@ -240,7 +324,7 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
                     color = (VARIANT_COLORS[g % len(VARIANT_COLORS)] if len(groups) > 1
                              else method_color(ab.get("method", "")))
                     label = ", ".join(f"{k}={v}" for k, v in zip([k for k in keys if k != key], other_values)) \
-                        if len(groups) > 1 else ab.get("method", "")
+                        if len(groups) > 1 else display_label(ab.get("method", ""))
                     if len(temps) > 1:
                         label += f" T={fmt_temperature(t)}"
                     h = ax.errorbar(xs, ys, yerr=err, color=color, marker=MARKERS[g % len(MARKERS)],
@@ -254,6 +338,9 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
                 ax.set_ylabel("Mean speedup (×)" if metric == "speedup" else "Mean τ")
     if len(handles) > 1 or len(temps) > 1:
         _legend_above(fig, list(handles.values()), list(handles))
+    answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
+    caption(fig, run_caption(run, answers, "cell", f"points: Mean over benchmarks; whiskers: {INTERVAL}"),
+            max(COLUMN_WIDTH_IN, 1.7 * len(keys)))
     return fig
 
 
@@ -287,50 +374,93 @@ def write_plots(stats: RunStats) -> list[Path]:
 
 # ----------------------------------------------------------------------------- history
 
-def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, name: str = "history") -> list[Path]:
-    """τ per commit, one line per (method, acceptance), from `regress.history_frame`."""
+def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, name: str = "history",
+                 setting: str = "", tolerance: float | None = None) -> list[Path]:
+    """τ (top) and depth-1 acceptance (bottom) per commit, one line per (method, acceptance), from
+    `regress.history_frame`; a point whose value moved beyond the tolerance from the method's
+    previous commit (`tau_moved` / `depth1_moved`) is ringed. `setting` (target, dtype) leads
+    the caption when the caller knows it."""
     commits = frame.drop_duplicates("commit").sort_values("order")
     labels = [str(c)[:7] + ("*" if d else "") for c, d in zip(commits["commit"], commits["dirty"])]
+    has_depth1 = "depth1" in frame and bool(frame["depth1"].notna().any())  # old lines lack it
+    panels = [("tau", "τ")] + ([("depth1", "depth-1 acceptance")] if has_depth1 else [])
+    wide = len(labels) > 8
     with _agg():
-        fig = _figure(2.3)
-        ax = fig.subplots()
+        fig = _figure(1.5 + 1.4 * len(panels), COLUMN_WIDTH_IN * (2 if wide else 1))
+        axes = np.atleast_1d(fig.subplots(len(panels), 1, sharex=True))
         handles, names = [], []
-        for (method, acceptance), g in frame.groupby(["method", "acceptance"], sort=False):
-            lossy = is_lossy(g.iloc[-1])
-            (h,) = ax.plot(g["order"], g["tau"], marker="o", color=method_color(method),
-                           linestyle="--" if lossy else "-")
-            handles.append(h)
-            names.append(row_label(method, acceptance, lossy))
-        ax.set_xticks(np.arange(len(labels)), labels, rotation=45 if len(labels) > 4 else 0,
-                      ha="right" if len(labels) > 4 else "center", rotation_mode="anchor")
-        ax.set_xlabel("Commit (* = uncommitted changes)")
-        ax.set_ylabel(f"τ ({benchmark})" if benchmark else "τ (mean over benchmarks)")
-        ax.grid(axis="x", visible=False)
+        for ax, (q, title) in zip(axes, panels):
+            for (method, acceptance), g in frame.groupby(["method", "acceptance"], sort=False):
+                lossy = is_lossy(g.iloc[-1])
+                color = method_color(method)
+                (h,) = ax.plot(g["order"], g[q], marker="o", markersize=3, color=color,
+                               linestyle="--" if lossy else "-")
+                moved = g[g[f"{q}_moved"]] if f"{q}_moved" in g else g.iloc[:0]
+                ax.scatter(moved["order"], moved[q], s=55, facecolors="none", edgecolors=color, linewidths=1.0,
+                           zorder=3)
+                if ax is axes[0]:
+                    handles.append(h)
+                    names.append(row_label(method, acceptance, lossy))
+            where = f"{benchmark}" if benchmark else "mean over benchmarks"
+            ax.set_ylabel(f"{title}\n({where})")
+            ax.grid(axis="x", visible=False)
+        axes[-1].set_xticks(np.arange(len(labels)), labels, rotation=45 if len(labels) > 4 else 0,
+                            ha="right" if len(labels) > 4 else "center", rotation_mode="anchor")
+        axes[-1].set_xlabel("Commit, oldest first (* = uncommitted changes)")
         _legend_above(fig, handles, names)
+        ring = (f"ringed: moved more than {100 * tolerance:g}% from the method's previous commit; "
+                if tolerance is not None else "ringed: moved beyond the tolerance from the method's previous commit; ")
+        caption(fig, (f"{setting} · " if setting else "") + "from results/history.jsonl (`compare --record`, "
+                "scripts/backfill_history.py); " + ring + "no intervals (greedy τ is deterministic on CPU)",
+                COLUMN_WIDTH_IN * (2 if wide else 1))
         return _save(fig, Path(out), name)
 
 
 # ----------------------------------------------------------------------------- training
 
+def _shade(color: str, i: int, n: int) -> str:
+    """`color` lightened towards white for the i-th of n series: the nearest depth is the darkest."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    mix = 0.7 * i / max(1, n - 1)
+    return to_hex([c + (1.0 - c) * mix for c in to_rgb(color)])
+
+
 def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-curves") -> list[Path]:
-    """Held-out top-1 against optimiser step, one panel per checkpoint, one line per predicted
-    depth (from `training_curves.read_curves`)."""
-    ckpts = list(dict.fromkeys(frame["checkpoint"]))
+    """Held-out top-1 against optimiser step (from `training_curves.read_curves`): one panel per
+    method, one line per predicted depth (darker = nearer), checkpoints of one method told apart by
+    line style; each panel's legend at its right."""
+    from matplotlib.lines import Line2D
+
+    methods = list(dict.fromkeys(frame["method"]))
     with _agg():
-        fig = _figure(1.6 * ((len(ckpts) + 1) // 2) + 0.4, COLUMN_WIDTH_IN * (2 if len(ckpts) > 1 else 1))
-        axes = np.atleast_1d(fig.subplots((len(ckpts) + 1) // 2, 2 if len(ckpts) > 1 else 1, squeeze=False)).ravel()
-        for ax, ckpt in zip(axes, ckpts):
-            g = frame[frame["checkpoint"] == ckpt]
-            color = method_color(g["method"].iloc[0])
+        fig = _figure(0.45 + 1.35 * len(methods))
+        axes = fig.subplots(len(methods), 1, squeeze=False, sharex=True)[:, 0]
+        for ax, method in zip(axes, methods):
+            g = frame[frame["method"] == method]
+            ckpts = list(dict.fromkeys(g["checkpoint"]))
             metrics = list(dict.fromkeys(g["metric"]))
-            for i, metric in enumerate(metrics):
-                m = g[g["metric"] == metric]
-                ax.plot(m["step"], m["top1"], marker="o", color=color, alpha=1.0 - 0.6 * i / max(1, len(metrics) - 1),
-                        label=metric)
-            ax.set_title(ckpt)
-            ax.set_xlabel("Optimiser step")
+            for k, ckpt in enumerate(ckpts):
+                for i, metric in enumerate(metrics):
+                    m = g[(g["checkpoint"] == ckpt) & (g["metric"] == metric)]
+                    if len(m):
+                        ax.plot(m["step"], m["top1"], color=_shade(method_color(method), i, len(metrics)),
+                                linestyle=LINESTYLES[k % len(LINESTYLES)], marker="o" if k == 0 else None,
+                                markersize=2, linewidth=1.0)
+            handles = [Line2D([], [], color=_shade(method_color(method), i, len(metrics)), linewidth=1.5)
+                       for i in range(len(metrics))]
+            labels = list(metrics)
+            if len(ckpts) > 1:
+                handles += [Line2D([], [], color="#555555", linestyle=LINESTYLES[k % len(LINESTYLES)], linewidth=1.0)
+                            for k in range(len(ckpts))]
+                labels += ckpts
+            ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=5.5,
+                      handlelength=1.8)
+            ax.set_title(display_label(method), loc="left", color=method_color(method), fontweight="bold", pad=2)
             ax.set_ylabel("Held-out top-1")
-            ax.legend(frameon=False, fontsize=5.5)
-        for ax in axes[len(ckpts):]:
-            ax.set_visible(False)
+        axes[-1].set_xlabel("Optimiser step")
+        targets = sorted({str(t) for t in frame.get("target", pd.Series(dtype=object)).dropna()})
+        caption(fig, (f"Target {', '.join(targets)} · " if targets else "") + "held-out top-1: teacher-forced "
+                "agreement with the target's next tokens on the held-out split, per predicted depth; one "
+                "evaluation per point, no intervals")
         return _save(fig, Path(out), name)

@@ -1,8 +1,14 @@
 """Paper-style tables of a run's statistics: markdown, booktabs LaTeX and CSV.
 
 Layout as in the EAGLE / Gumiho papers: one block per temperature, a Speedup and a τ column per
-benchmark, and a Mean column. Rows whose acceptance rule is lossy (typical) carry
-"(typical, lossy)" and never take the bold "best" mark.
+benchmark, a Mean column, and the row's Tokens/verify (the budget it ran at). Rows carry the
+methods' display names (methods.registry.method_info); rows whose acceptance rule is lossy
+(typical) carry "(typical, lossy)" and never compete for emphasis.
+
+Emphasis is honest: a value is bold only when its 95% bootstrap interval clears every other lossless
+row's; when the best's interval overlaps another's, the rows tied for best carry a dagger instead.
+Every caption says what Speedup, τ, Mean, Tokens/verify and the marks are, and where the numbers
+were measured.
 
 Files: `tables/{main,cost,depth}.{md,tex,csv}` (`ablation.*` instead of `main.*` for `cli.py
 ablate` folders; `turns.*` where a benchmark has several turns). Only rendering happens here: the
@@ -11,6 +17,7 @@ numbers come precomputed in a `RunStats` (harness/runs/statistics.py).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +28,7 @@ from harness.core.errors import SpecbenchError
 from harness.runs.statistics import (
     CI_LEVEL,
     MEAN,
+    MEAN_DEFINITION,
     Cell,
     ColumnCells,
     Row,
@@ -31,8 +39,15 @@ from harness.runs.statistics import (
     row_label,
 )
 
-NOTE = ("Speedup: tokens/s over plain decoding (AR) on the same prompts in the same run; "
-        "τ: new tokens per verify step. ")
+NOTE = ("Speedup: tokens/s over plain decoding (AR) on the same prompts in the same run (Σ tokens / Σ seconds); "
+        "τ: new tokens per verify step (bonus token included). ")
+TOKENS_NOTE = ("Tokens/verify: draft tokens the target verified per step (tree nodes under the root), pooled over "
+               "the row's answers: the budget the row ran at. ")
+EMPHASIS_NOTE = (f"Bold: the best lossless value, its {int(CI_LEVEL * 100)}% bootstrap interval clear of every other "
+                 "lossless row's; †: tied for best (the best's interval overlaps these rows'); lossy rows never "
+                 "compete. ")
+# Placeholders for emphasis, replaced per format once the cell text is escaped.
+BOLD_OPEN, BOLD_CLOSE, DAGGER = "\x00", "\x01", "\x02"
 
 
 def benchmark_title(name: str) -> str:
@@ -45,7 +60,22 @@ def benchmark_title(name: str) -> str:
 
 def frame_label(rec: dict) -> str:
     """`Row.label` of a line of a per-row frame."""
-    return row_label(rec["variant"], rec["acceptance"], rec["lossy"])
+    return row_label(rec["variant"], rec["acceptance"], rec["lossy"], rec["method"])
+
+
+def setting_text(run: RunData) -> str:
+    """Where the numbers come from, for every caption: target, dtype, machine."""
+    target, dtype, machine = run.setting()
+    machine = re.sub(r"\((R|TM)\)", "", machine).replace("  ", " ")
+    return f"{target}, {dtype}, {machine}"
+
+
+def answers_text(counts: list[int]) -> str:
+    """'10' or '10–20': the answers behind each cell."""
+    counts = sorted(set(counts))
+    if not counts:
+        return "0"
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
 
 
 # ----------------------------------------------------------------------------- cells of text
@@ -68,7 +98,13 @@ def _tex_escape(text: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
                  ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
         text = text.replace(a, b)
-    return text.replace("τ", r"$\tau$").replace("×", r"$\times$").replace("–", "--")
+    text = text.replace("τ", r"$\tau$").replace("×", r"$\times$").replace("–", "--").replace("≠", r"$\neq$")
+    return text.replace("†", r"$^\dagger$").replace(BOLD_OPEN, r"\textbf{").replace(BOLD_CLOSE, "}").replace(
+        DAGGER, r"$^\dagger$")
+
+
+def _md_marks(text: str) -> str:
+    return text.replace(BOLD_OPEN, "**").replace(BOLD_CLOSE, "**").replace(DAGGER, "†")
 
 
 def _block_title(t: float, rows: list[Row]) -> str:
@@ -83,21 +119,48 @@ def _md_table(header: list[str], lines: list[list[str]], align: str) -> list[str
     return out
 
 
+def _tex_caption(text: str) -> list[str]:
+    """The markdown caption as LaTeX comment lines: the tabular goes inside the reader's own table."""
+    words, lines, line = text.split(), [], "% Caption:"
+    for w in words:
+        if len(line) + len(w) > 98:
+            lines.append(line)
+            line = "%"
+        line += " " + w
+    return lines + [line]
+
+
 # ----------------------------------------------------------------------------- main table
 
-def _best(values: dict[Row, float], rows: list[Row]) -> set[Row]:
-    """Rows holding the best (largest) value, among lossless rows; none when fewer than two compete."""
-    finite = {r: v for r, v in values.items() if r in rows and not r.lossy and np.isfinite(v)}
-    if len(finite) < 2:
-        return set()
-    top = max(finite.values())
-    return {r for r, v in finite.items() if round(v, 2) == round(top, 2)}
+def emphasis(cells: dict[Row, Cell], rows: list[Row], metric: str) -> dict[Row, str]:
+    """{row: "best" | "tie"} for one column and metric ("speedup" or "tau"), among lossless rows.
+
+    "best": the highest value, and its bootstrap interval overlaps no other row's; otherwise the
+    highest value and every row whose interval overlaps its interval are "tie". A missing interval
+    overlaps everything. Nothing is marked when fewer than two rows compete."""
+    compete = {r: cells[r] for r in rows if not r.lossy and np.isfinite(getattr(cells[r], metric))}
+    if len(compete) < 2:
+        return {}
+    best = max(compete, key=lambda r: getattr(compete[r], metric))
+    lo, hi = getattr(compete[best], f"{metric}_ci")
+    tied = [best]
+    for row, cell in compete.items():
+        rlo, rhi = getattr(cell, f"{metric}_ci")
+        if row != best and not (np.isfinite([lo, hi, rlo, rhi]).all() and (rhi < lo or rlo > hi)):
+            tied.append(row)
+    return {best: "best"} if len(tied) == 1 else {r: "tie" for r in tied}
 
 
-def _main_lines(run: RunData, cells: dict[Row, dict[str, Cell]], rows: list[Row], ci: bool,
-                bold: tuple[str, str], columns: list[str]) -> list[list[str]]:
-    best = {(b, m): _best({r: getattr(cells[r][b], m) for r in rows}, rows)
-            for b in columns for m in ("speedup", "tau")}
+def _pooled_tokens_per_verify(by_column: dict[str, Cell], columns: list[str]) -> float:
+    """Draft tokens verified per step over every answer of the row in `columns`."""
+    cells = [by_column[c] for c in columns if c != MEAN]
+    steps = sum(c.steps for c in cells)
+    return sum(c.draft_tokens for c in cells) / steps if steps else math.nan
+
+
+def _main_lines(cells: dict[Row, dict[str, Cell]], rows: list[Row], ci: bool, columns: list[str]) -> list[list[str]]:
+    """Cell texts with BOLD_* / DAGGER placeholders."""
+    marks = {(b, m): emphasis({r: cells[r][b] for r in rows}, rows, m) for b in columns for m in ("speedup", "tau")}
     lines = []
     for row in rows:
         line = [row.label]
@@ -109,36 +172,53 @@ def _main_lines(run: RunData, cells: dict[Row, dict[str, Cell]], rows: list[Row]
                 if ci and np.isfinite(value):
                     lo, hi = getattr(c, f"{metric}_ci")
                     text += f" [{_num(lo)}, {_num(hi)}]"
-                if row in best[(b, metric)]:
-                    text = f"{bold[0]}{text}{bold[1]}"
+                mark = marks[(b, metric)].get(row)
+                if mark == "best":
+                    text = f"{BOLD_OPEN}{text}{BOLD_CLOSE}"
+                elif mark == "tie":
+                    text += DAGGER
                 line.append(text)
+        line.append(_num(_pooled_tokens_per_verify(cells[row], columns), 1))
         lines.append(line)
     return lines
+
+
+def main_caption(run: RunData, cells: dict[Row, dict[str, Cell]], columns: list[str], ci: bool) -> str:
+    """What every number and mark of the main table means, and where it was measured."""
+    answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
+    column = "benchmark" if all(c == MEAN or c in run.benchmarks for c in columns) else "column"
+    note = NOTE + (MEAN_DEFINITION.format(column=column) + " " if MEAN in columns else "") + TOKENS_NOTE + EMPHASIS_NOTE
+    note += f"Answers per cell: {answers_text(answers)}. Measured on {setting_text(run)}."
+    if ci:
+        note += f" Brackets: {int(CI_LEVEL * 100)}% bootstrap interval over answers."
+    return note
+
+
+def _main_header(columns: list[str], title: Callable[[str], str], row_title: str) -> list[str]:
+    header = [row_title]
+    for b in columns:
+        header += [f"{title(b)} Speedup", f"{title(b)} τ"]
+    return header + ["Tokens/verify"]
 
 
 def main_markdown(run: RunData, cells: dict[Row, dict[str, Cell]], ci: bool = False,
                   row_title: str = "Method", columns: list[str] | None = None,
                   titles: dict[str, str] | None = None) -> str:
     """The paper-style table: a Speedup and a τ column per benchmark (or per `columns`, printed as
-    `titles`), one block per temperature."""
+    `titles`) and the row's Tokens/verify, one block per temperature, then the caption."""
     columns = run.columns if columns is None else columns
     title = (lambda c: titles[c]) if titles else benchmark_title
-    header = [row_title]
-    for b in columns:
-        header += [f"{title(b)} Speedup", f"{title(b)} τ"]
+    header = _main_header(columns, title, row_title)
     out = []
     for t in run.temperatures:
         rows = [r for r in run.rows if r.temperature == t]
         if not rows:
             continue
         out += [f"**{_block_title(t, rows)}**", ""]
-        out += _md_table(header, _main_lines(run, cells, rows, ci, ("**", "**"), columns), "l" + "r" * (len(header) - 1))
+        lines = [[_md_marks(x) for x in line] for line in _main_lines(cells, rows, ci, columns)]
+        out += _md_table(header, lines, "l" + "r" * (len(header) - 1))
         out.append("")
-    answers = sorted({c.answers for by in cells.values() for b, c in by.items() if b != MEAN})
-    note = NOTE + f"Answers per cell: {', '.join(map(str, answers))}."
-    if ci:
-        note += f" Brackets: {int(CI_LEVEL * 100)}% bootstrap interval over answers."
-    out.append(note)
+    out.append(main_caption(run, cells, columns, ci))
     return "\n".join(out) + "\n"
 
 
@@ -146,21 +226,21 @@ def main_latex(run: RunData, cells: dict[Row, dict[str, Cell]], row_title: str =
                columns: list[str] | None = None, titles: dict[str, str] | None = None) -> str:
     columns = run.columns if columns is None else columns
     title = (lambda c: titles[c]) if titles else benchmark_title
-    ncol = 1 + 2 * len(columns)
+    ncol = 2 + 2 * len(columns)
     out = ["% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
-           "\\begin{tabular}{l" + "rr" * len(columns) + "}", "\\toprule",
+           *_tex_caption(main_caption(run, cells, columns, False)),
+           "\\begin{tabular}{l" + "rr" * len(columns) + "r}", "\\toprule",
            " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(title(b))}}}" for b in columns)
-           + " \\\\",
+           + " & \\\\",
            " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
-           _tex_escape(row_title) + " & " + " & ".join(["Speedup & $\\tau$"] * len(columns)) + " \\\\"]
+           _tex_escape(row_title) + " & " + " & ".join(["Speedup & $\\tau$"] * len(columns)) + " & Tokens/verify \\\\"]
     for t in run.temperatures:
         rows = [r for r in run.rows if r.temperature == t]
         if not rows:
             continue
         out += ["\\midrule", f"\\multicolumn{{{ncol}}}{{l}}{{\\textit{{{_tex_escape(_block_title(t, rows))}}}}} \\\\"]
-        for line in _main_lines(run, cells, rows, False, ("\x00", "\x01"), columns):
-            cells_tex = [_tex_escape(x).replace("\x00", "\\textbf{").replace("\x01", "}") for x in line]
-            out.append(" & ".join(cells_tex) + " \\\\")
+        for line in _main_lines(cells, rows, False, columns):
+            out.append(" & ".join(_tex_escape(x) for x in line) + " \\\\")
     out += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(out) + "\n"
 
@@ -168,12 +248,13 @@ def main_latex(run: RunData, cells: dict[Row, dict[str, Cell]], row_title: str =
 # ----------------------------------------------------------------------------- per-row tables
 
 def _grouped(frame: pd.DataFrame, render: Callable[[dict], list[str]], header: list[str], align: str,
-             kind: str) -> str:
-    """Markdown (kind 'md') or booktabs LaTeX ('tex') of a per-row frame, one block per temperature."""
+             kind: str, caption: str) -> str:
+    """Markdown (kind 'md') or booktabs LaTeX ('tex') of a per-row frame, one block per temperature,
+    with its caption (below the markdown; comment lines above the tabular)."""
     out: list[str] = []
     if kind == "tex":
         out += ["% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
-                "\\begin{tabular}{" + align + "}", "\\toprule",
+                *_tex_caption(caption), "\\begin{tabular}{" + align + "}", "\\toprule",
                 " & ".join(_tex_escape(h) for h in header) + " \\\\"]
     for t, block in frame.groupby("temperature", sort=True):
         lines = [render(rec) for rec in block.to_dict("records")]
@@ -186,54 +267,59 @@ def _grouped(frame: pd.DataFrame, render: Callable[[dict], list[str]], header: l
             out += [" & ".join(_tex_escape(x) for x in line) + " \\\\" for line in lines]
     if kind == "tex":
         out += ["\\bottomrule", "\\end{tabular}"]
+    else:
+        out.append(caption)
     return "\n".join(out) + "\n"
 
 
-def cost_text(frame: pd.DataFrame, kind: str) -> str:
-    header = ["Method", "Draft ms/step", "Verify ms/step", "Other ms/step", "Tree size", "τ", "Draft params",
-              "≠ AR"]
+def _interval_text(value: float, lo: float, hi: float) -> str:
+    return _num(value) + (f" [{_num(lo)}, {_num(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else "")
+
+
+def cost_text(frame: pd.DataFrame, kind: str, setting: str = "") -> str:
+    header = ["Method", "Tokens/verify", "τ", "Draft ms/step", "Verify ms/step", "Other ms/step", "ms/token",
+              "Draft params", "≠ AR"]
 
     def render(rec: dict) -> list[str]:
         mism = rec.get("mismatches", math.nan)
-        return [frame_label(rec), _num(rec["draft_ms_per_step"]), _num(rec["verify_ms_per_step"]),
-                _num(rec["other_ms_per_step"]), _num(rec["tree_size"], 1), _num(rec["tau"]),
+        return [frame_label(rec), _num(rec["tokens_per_verify"], 1), _num(rec["tau"]), _num(rec["draft_ms_per_step"]),
+                _num(rec["verify_ms_per_step"]), _num(rec["other_ms_per_step"]),
+                _interval_text(rec["ms_per_token"], rec["ms_per_token_lo"], rec["ms_per_token_hi"]),
                 _params(int(rec["draft_parameters"])),
                 "–" if mism is None or not np.isfinite(mism) else f"{int(mism)}/{int(rec['answers'])}"]
 
-    text = _grouped(frame, render, header, "lrrrrrrr", kind)
-    if kind == "md":
-        text += ("Per verify step, pooled over benchmarks; other = wall - prefill - draft - verify "
-                 "(sampling, cache updates, bookkeeping). Tree size: draft tokens verified per step. "
-                 "≠ AR: greedy answers that differ from AR's.\n")
-    return text
+    caption = ("Per verify step, pooled over benchmarks; other = wall - prefill - draft - verify (sampling, cache "
+               "updates, bookkeeping). ms/token: (draft + verify + other) per step / τ = Σ ms / Σ tokens, with its "
+               f"{int(CI_LEVEL * 100)}% bootstrap interval over answers; AR's row is plain decoding. " + TOKENS_NOTE
+               + "≠ AR: greedy answers that differ from AR's." + (f" Measured on {setting}." if setting else ""))
+    return _grouped(frame, render, header, "lrrrrrrrr", kind, caption)
 
 
-def depth_text(frame: pd.DataFrame, kind: str) -> str:
+def depth_text(frame: pd.DataFrame, kind: str, setting: str = "") -> str:
     depths = [c for c in frame.columns if c.startswith("d") and c[1:].isdigit()]
-    header = ["Method", "Steps", *[f"d={c[1:]}" for c in depths]]
+    header = ["Method", "Steps", "Tokens/verify", *[f"d={c[1:]}" for c in depths]]
 
     def render(rec: dict) -> list[str]:
-        return [frame_label(rec), str(int(rec["steps"])), *[_num(rec[c]) for c in depths]]
+        return [frame_label(rec), str(int(rec["steps"])), _num(rec["tokens_per_verify"], 1),
+                *[_num(rec[c]) for c in depths]]
 
-    text = _grouped(frame, render, header, "lr" + "r" * len(depths), kind)
-    if kind == "md":
-        text += "Share of verify steps whose accepted path reached depth d (pooled over benchmarks).\n"
-    return text
+    caption = ("d=k: share of verify steps whose accepted path reached depth k (pooled over benchmarks). "
+               + TOKENS_NOTE + (f"Measured on {setting}." if setting else ""))
+    return _grouped(frame, render, header, "lrr" + "r" * len(depths), kind, caption.strip())
 
 
-def turn_text(frame: pd.DataFrame, kind: str) -> str:
+def turn_text(frame: pd.DataFrame, kind: str, setting: str = "") -> str:
     turns = sorted(int(c[4:-4]) for c in frame.columns if c.startswith("turn") and c.endswith("_tau"))
-    header = ["Method", *[h for t in turns for h in (f"Turn {t} τ", f"Turn {t} speedup")]]
+    header = ["Method", *[h for t in turns for h in (f"Turn {t} τ", f"Turn {t} speedup")], "Tokens/verify"]
 
     def render(rec: dict) -> list[str]:
         return [frame_label(rec), *[x for t in turns for x in (_num(rec[f"turn{t}_tau"]),
-                                                               _num(rec[f"turn{t}_speedup"], suffix="×"))]]
+                                                               _num(rec[f"turn{t}_speedup"], suffix="×"))],
+                _num(rec["tokens_per_verify"], 1)]
 
-    text = _grouped(frame, render, header, "l" + "r" * (2 * len(turns)), kind)
-    if kind == "md":
-        text += ("Pooled over the multi-turn benchmarks; a later turn's prompt holds the earlier answers, "
-                 "which lookup drafters can copy.\n")
-    return text
+    caption = ("Pooled over the multi-turn benchmarks; a later turn's prompt holds the earlier answers, which lookup "
+               "drafters can copy. " + TOKENS_NOTE + (f"Measured on {setting}." if setting else ""))
+    return _grouped(frame, render, header, "l" + "r" * (2 * len(turns) + 1), kind, caption.strip())
 
 
 # ----------------------------------------------------------------------------- files
@@ -278,7 +364,8 @@ def write_tables(stats: RunStats, ci: bool = False) -> list[Path]:
     frames = [("cost", stats.cost, cost_text), ("depth", stats.depth, depth_text)]
     if not stats.turns.empty:
         frames.append(("turns", stats.turns, turn_text))
+    setting = setting_text(run)
     for name, frame, text in frames:
-        paths += [_write(out / f"{name}.md", text(frame, "md")), _write(out / f"{name}.tex", text(frame, "tex")),
-                  _csv(frame, out / f"{name}.csv")]
+        paths += [_write(out / f"{name}.md", text(frame, "md", setting)),
+                  _write(out / f"{name}.tex", text(frame, "tex", setting)), _csv(frame, out / f"{name}.csv")]
     return paths

@@ -43,7 +43,8 @@ def checkpoint_names(folders: list[Path]) -> list[str]:
 
 
 def read_curves(folders: list[Path]) -> pd.DataFrame:
-    """One row per (checkpoint, metric, evaluation): columns checkpoint, method, step, metric, top1.
+    """One row per (checkpoint, metric, evaluation): columns checkpoint, method, target (config.json's,
+    None where it names none), step, metric, top1.
     `step` counts a warm start's earlier steps too; a row logged twice (a run resumed from an
     earlier checkpoint) counts once, the later copy."""
     rows = []
@@ -53,7 +54,8 @@ def read_curves(folders: list[Path]) -> pd.DataFrame:
         if not log.exists() or not config.exists():
             raise SpecbenchError(f"{folder}: no train_log.jsonl/config.json there; point at a folder `cli.py train` wrote")
         try:
-            method = json.loads(config.read_text())["method"]
+            config_json = json.loads(config.read_text())
+            method = config_json["method"]
             entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         except (ValueError, KeyError) as exc:
             raise SpecbenchError(f"{folder}: unreadable training record ({exc}); retrain or restore the file") from exc
@@ -65,8 +67,8 @@ def read_curves(folders: list[Path]) -> pd.DataFrame:
             for key, value in e.items():
                 label = metric_label(method, key)
                 if label is not None:
-                    rows.append({"checkpoint": name, "method": method, "step": step, "metric": label,
-                                 "top1": float(value)})
+                    rows.append({"checkpoint": name, "method": method, "target": config_json.get("target"),
+                                 "step": step, "metric": label, "top1": float(value)})
     if not rows:
         raise SpecbenchError("no held-out evaluations in these training logs (the trainer evaluates every `eval_every` steps)")
     return pd.DataFrame(rows)

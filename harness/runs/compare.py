@@ -28,10 +28,9 @@ from harness.runs.runner import (
     method_overrides,
     parse_tree_budget,
 )
+from methods.registry import method_info
 
 DEFAULT_METHOD = "pld"
-# Papers' order (SpS, Medusa, Hydra, EAGLE, EAGLE-2, Gumiho); other methods follow by name.
-PAPER_ORDER = ("sps", "medusa", "hydra", "eagle", "eagle2", "gumiho")
 
 
 @dataclass
@@ -112,8 +111,8 @@ def discover_methods(target, settings: dict[str, Any], console: Console) -> list
             console.print(f"[yellow]skipping {name}:[/] building it failed ({type(e).__name__}: {e})")
             continue
         found.append(name)
-    rank = {m: i for i, m in enumerate(PAPER_ORDER)}
-    return [DEFAULT_METHOD, *sorted(found, key=lambda m: (rank.get(m, len(rank)), m))]
+    # In the order the methods declare (papers' order); ties by name.
+    return [DEFAULT_METHOD, *sorted(found, key=lambda m: (method_info(m).order, m))]
 
 
 # ----------------------------------------------------------------------------- ablation variants

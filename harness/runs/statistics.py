@@ -6,9 +6,13 @@ speedup is measured against and appears only in the cost frame. Per (row, benchm
 - τ and speedup from `metrics.AnswerSums`, the computation summary.csv takes its numbers from;
 - 95% intervals: percentile bootstrap over answers (prompts, for speedup: each resample keeps a
   method answer with AR's answer to the same prompt), `N_BOOTSTRAP` resamples seeded from the
-  cell's identity, so a rebuild gives identical files; the Mean (the mean of the benchmark
-  columns, as the EAGLE / Gumiho papers compute it) resamples every benchmark independently and
-  averages.
+  cell's identity, so a rebuild gives identical files;
+- the Mean: the arithmetic mean of the row's per-benchmark τ (or speedup) values, each benchmark
+  weighing the same whatever its answer count (as the EAGLE / Gumiho papers compute it); its
+  interval resamples every benchmark independently and averages (`MEAN_DEFINITION` says so in
+  every table);
+- tokens per verify: draft tokens the target verified per step (tree nodes under the root),
+  pooled over the answers (the Mean column pools all the row's answers): the budget a row ran at.
 `compute_stats` does all of it once (the bootstrap included); tables and plots only render it.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
+from harness.core.hardware import cpu_kind
 from harness.runs.metrics import (
     AR_METHOD,
     AnswerSums,
@@ -35,10 +40,15 @@ from harness.runs.metrics import (
     tokens_and_steps,
 )
 from harness.runs.results import RunDir
+from methods.registry import method_info
 
 N_BOOTSTRAP = 2000
 CI_LEVEL = 0.95
 MEAN = "mean"
+# What the Mean column is, for every caption; {column}: "benchmark" (or "category" for prompt-file tables).
+MEAN_DEFINITION = ("Mean: the arithmetic mean of the row's per-{column} values (each {column} weighs the same, "
+                   "whatever its answers' number or length); its interval averages independent bootstrap "
+                   "resamples of each {column}.")
 
 
 def is_lossy(rec: Mapping[str, Any]) -> bool:
@@ -56,9 +66,22 @@ def fmt_temperature(t: float) -> str:
     return f"{t:g}"
 
 
-def row_label(name: str, acceptance: str, lossy: bool) -> str:
-    """How a row is named in every table and plot: lossy rows say so."""
-    return f"{name} ({acceptance}, lossy)" if lossy else name
+def display_label(name: str, method: str | None = None) -> str:
+    """`name` (a method, `method [hash]`, or an ablation variant's label) as tables and plots print
+    it: a method's declared display name (methods.registry.method_info), a variant's own label."""
+    method = method or name
+    shown = method_info(method).display_name
+    if name == method:
+        return shown
+    if name.startswith(f"{method} ["):  # one method under several unlabelled configs
+        return shown + name[len(method):]
+    return name
+
+
+def row_label(name: str, acceptance: str, lossy: bool, method: str | None = None) -> str:
+    """How a row is named in every table and plot: the display name; lossy rows say so."""
+    shown = display_label(name, method)
+    return f"{shown} ({acceptance}, lossy)" if lossy else shown
 
 
 # ----------------------------------------------------------------------------- loading
@@ -76,7 +99,7 @@ class Row:
 
     @property
     def label(self) -> str:
-        return row_label(self.name, self.acceptance, self.lossy)
+        return row_label(self.name, self.acceptance, self.lossy, self.method)
 
 
 @dataclass
@@ -103,6 +126,24 @@ class RunData:
     def row_records(self, row: Row, benchmark: str | None = None) -> list[dict]:
         recs = self._by_row.get(row, [])
         return recs if benchmark is None else [r for r in recs if r["benchmark"] == benchmark]
+
+    def setting(self) -> tuple[str, str, str]:
+        """(target, dtype, machine) the records were measured with, from the records and meta.json:
+        the machine is the GPU's name, else the CPU kind (derived from the CPU model and flags for
+        folders written before meta.json stored it) and the torch threads."""
+        def values(key: str) -> str:
+            found = dict.fromkeys(str(r[key]) for r in self.records if r.get(key))
+            return ", ".join(found) or str(self.meta.get("config", {}).get(key) or "?")
+
+        meta = self.meta
+        if meta.get("gpu"):
+            machine = str(meta["gpu"])
+        else:
+            machine = meta.get("cpu_kind") or (cpu_kind(meta.get("cpu_model") or "", meta["cpu_flags"])
+                                               if meta.get("cpu_flags") else meta.get("cpu_model")) or "CPU not recorded"
+            if meta.get("torch_threads"):
+                machine += f", {meta['torch_threads']} threads"
+        return values("target"), values("dtype"), machine
 
     def multi_variant(self) -> bool:
         """True when one method appears in several configs (an ablation): colour by variant."""
@@ -156,9 +197,9 @@ def load_run(path: Path) -> RunData:
     for rec in records:
         accept_seen.setdefault(rec["acceptance"], len(accept_seen))
 
-    def order(row: Row) -> tuple:
-        return (row.temperature, label_order.get(row.name, len(label_order) + first_seen[row.name]),
-                accept_seen[row.acceptance])
+    def order(row: Row) -> tuple:  # methods in their declared order; a method's variants as the run listed them
+        return (row.temperature, method_info(row.method).order,
+                label_order.get(row.name, len(label_order) + first_seen[row.name]), accept_seen[row.acceptance])
 
     rows = sorted((r for r in by_row if r.method != AR_METHOD), key=order)
     ar_rows = sorted((r for r in by_row if r.method == AR_METHOD), key=order)
@@ -195,6 +236,13 @@ class Cell:
     speedup: float
     tau_reps: np.ndarray | None      # bootstrap replicates; None when not resampled
     speedup_reps: np.ndarray | None
+    draft_tokens: float = 0.0        # Σ draft tokens verified (tree nodes under the root) over the answers
+    steps: int = 0                   # Σ verify steps over the answers
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Draft tokens the target verified per step, pooled over the cell's answers."""
+        return self.draft_tokens / self.steps if self.steps else math.nan
 
     @property
     def tau_ci(self) -> tuple[float, float]:
@@ -210,6 +258,7 @@ def cell_stats(recs: list[dict], ar: dict[tuple, list[dict]], seed_parts: Sequen
     """τ and speedup of one (row, benchmark) with `resamples` bootstrap replicates (0: none)."""
     if not recs:
         return Cell(0, math.nan, math.nan, None, None)
+    draft_tokens, steps = _verified(recs)
     sums = AnswerSums.of(recs, ar)
     tau = float(sums.tau())
     tau_reps = sums.tau(_weights(len(recs), _seed("tau", *seed_parts), resamples)) if resamples else None
@@ -218,11 +267,18 @@ def cell_stats(recs: list[dict], ar: dict[tuple, list[dict]], seed_parts: Sequen
         speedup = float(sums.speedup())
         if resamples:
             speedup_reps = sums.speedup(_weights(len(sums.pairs), _seed("speedup", *seed_parts), resamples))
-    return Cell(len(recs), tau, speedup, tau_reps, speedup_reps)
+    return Cell(len(recs), tau, speedup, tau_reps, speedup_reps, draft_tokens, steps)
+
+
+def _verified(recs: list[dict]) -> tuple[float, int]:
+    """(Σ draft tokens verified, Σ verify steps) over `recs`."""
+    return (float(sum(sum((r.get("steps") or {}).get("tree_size", [])) for r in recs)),
+            sum(tokens_and_steps(r)[1] for r in recs))
 
 
 def _mean_cell(cells: list[Cell]) -> Cell:
-    """Mean over benchmarks (NaN unless every benchmark has a value) with its bootstrap interval."""
+    """Mean over benchmarks (NaN unless every benchmark has a value) with its bootstrap interval;
+    tokens per verify pooled over all the cells' answers."""
     if not cells:
         return Cell(0, math.nan, math.nan, None, None)
 
@@ -233,7 +289,8 @@ def _mean_cell(cells: list[Cell]) -> Cell:
         return None if any(r is None for r in reps) else np.mean(np.stack(reps), axis=0)
 
     return Cell(sum(c.answers for c in cells), mean([c.tau for c in cells]), mean([c.speedup for c in cells]),
-                mean_reps([c.tau_reps for c in cells]), mean_reps([c.speedup_reps for c in cells]))
+                mean_reps([c.tau_reps for c in cells]), mean_reps([c.speedup_reps for c in cells]),
+                sum(c.draft_tokens for c in cells), sum(c.steps for c in cells))
 
 
 def main_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> dict[Row, dict[str, Cell]]:
@@ -309,8 +366,10 @@ def main_frame(cells: dict[Row, dict[str, Cell]]) -> pd.DataFrame:
         for b, c in by_bench.items():
             (tl, th), (sl, sh) = c.tau_ci, c.speedup_ci
             lines.append({**_row_fields(row), "benchmark": b, "answers": c.answers, "speedup": c.speedup,
-                          "speedup_lo": sl, "speedup_hi": sh, "tau": c.tau, "tau_lo": tl, "tau_hi": th})
-    return pd.DataFrame(lines).round({k: 4 for k in ("speedup", "speedup_lo", "speedup_hi", "tau", "tau_lo", "tau_hi")})
+                          "speedup_lo": sl, "speedup_hi": sh, "tau": c.tau, "tau_lo": tl, "tau_hi": th,
+                          "tokens_per_verify": c.tokens_per_verify})
+    return pd.DataFrame(lines).round({**{k: 4 for k in ("speedup", "speedup_lo", "speedup_hi", "tau", "tau_lo", "tau_hi")},
+                                      "tokens_per_verify": 3})
 
 
 def turn_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> ColumnCells | None:
@@ -337,7 +396,8 @@ def turn_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> ColumnCells | None
 
 
 def turn_frame(turns: ColumnCells | None) -> pd.DataFrame:
-    """One line per row: answers, τ and speedup of each turn (empty without multi-turn benchmarks)."""
+    """One line per row: answers, τ and speedup of each turn, and tokens per verify pooled over the
+    turns (empty without multi-turn benchmarks)."""
     if turns is None:
         return pd.DataFrame()
     lines = []
@@ -347,38 +407,53 @@ def turn_frame(turns: ColumnCells | None) -> pd.DataFrame:
             cell = cells[col]
             line.update({f"{col}_answers": cell.answers, f"{col}_tau": round(cell.tau, 4),
                          f"{col}_speedup": round(cell.speedup, 4)})
+        pooled = _mean_cell(list(cells.values()))
+        line["tokens_per_verify"] = round(pooled.tokens_per_verify, 3)
         lines.append(line)
     return pd.DataFrame(lines)
 
 
-def cost_frame(run: RunData) -> pd.DataFrame:
+def cost_frame(run: RunData, resamples: int = N_BOOTSTRAP) -> pd.DataFrame:
     """Per (temperature, row), pooled over benchmarks: ms per verify step drafting, verifying and
-    the rest (wall - prefill - draft - verify), mean tree size, τ and drafter parameters. AR first."""
+    the rest (wall - prefill - draft - verify); the same per generated token (ms per step / τ =
+    Σ ms / Σ tokens), the total with its bootstrap interval over answers; tokens per verify, τ and
+    drafter parameters. AR first."""
     lines = []
     for row in sorted(run.ar_rows + run.rows, key=lambda r: (r.temperature, r.method != AR_METHOD)):
         recs = run.row_records(row)
-        steps = sum(tokens_and_steps(r)[1] for r in recs)
-        tokens = sum(tokens_and_steps(r)[0] for r in recs)
-
-        def total(column: str) -> float:
-            return float(sum(sum((r.get("steps") or {}).get(column, [])) for r in recs))
-
-        draft, verify, tree = total("draft_ms"), total("verify_ms"), total("tree_size")
-        wall_ms = 1000.0 * sum(r["wall_s"] for r in recs)
-        prefill_ms = 1000.0 * sum(r.get("prefill_s", 0.0) for r in recs)
-        per = (lambda x: x / steps) if steps else (lambda x: math.nan)
-        lines.append({
-            **_row_fields(row), "answers": len(recs), "steps": steps, "draft_ms_per_step": per(draft),
-            "verify_ms_per_step": per(verify), "other_ms_per_step": per(wall_ms - prefill_ms - draft - verify),
-            "tree_size": per(tree), "tau": tokens / steps if steps else math.nan,
-            "prefill_ms_per_answer": prefill_ms / len(recs) if recs else math.nan,
+        # [answers, 6]: tokens, verify steps, draft ms, verify ms, wall - prefill ms, draft tokens verified
+        per = np.array([[*tokens_and_steps(r), sum((r.get("steps") or {}).get("draft_ms", [])),
+                         sum((r.get("steps") or {}).get("verify_ms", [])),
+                         1000.0 * (r["wall_s"] - r.get("prefill_s", 0.0)),
+                         sum((r.get("steps") or {}).get("tree_size", []))] for r in recs], dtype=float).reshape(-1, 6)
+        tokens, steps, draft, verify, decode, tree = per.sum(axis=0)
+        parts = {"draft": draft, "verify": verify, "other": decode - draft - verify}
+        reps = None
+        if resamples and len(recs):
+            w = _weights(len(recs), _seed("ms_per_token", row.temperature, row.method, row.config_hash,
+                                          row.acceptance), resamples)
+            sums = w @ per[:, [0, 4]]  # [resamples, 2]: tokens, decode ms
+            with np.errstate(divide="ignore", invalid="ignore"):
+                reps = np.where(sums[:, 0] > 0, sums[:, 1] / sums[:, 0], np.nan)
+        lo, hi = _interval(reps)
+        line = {**_row_fields(row), "answers": len(recs), "steps": int(steps)}
+        line.update({f"{k}_ms_per_step": v / steps if steps else math.nan for k, v in parts.items()})
+        line.update({"tokens_per_verify": tree / steps if steps else math.nan,
+                     "tau": tokens / steps if steps else math.nan,
+                     "ms_per_token": decode / tokens if tokens else math.nan, "ms_per_token_lo": lo,
+                     "ms_per_token_hi": hi})
+        line.update({f"{k}_ms_per_token": v / tokens if tokens else math.nan for k, v in parts.items()})
+        line.update({
+            "prefill_ms_per_answer": 1000.0 * sum(r.get("prefill_s", 0.0) for r in recs) / len(recs) if recs else math.nan,
             "draft_parameters": run.parameters.get(row.config_hash, 0),
             # Greedy answers that left AR's output themselves; at T > 0 outputs are samples.
             "mismatches": (len(own_divergences(recs)) if row.temperature == 0 and row.method != AR_METHOD
                            else math.nan),
         })
-    return pd.DataFrame(lines).round({"draft_ms_per_step": 3, "verify_ms_per_step": 3, "other_ms_per_step": 3,
-                                      "tree_size": 3, "tau": 4, "prefill_ms_per_answer": 2})
+        lines.append(line)
+    ms = [c for c in lines[0] if c.startswith(("draft_ms", "verify_ms", "other_ms", "ms_per_token"))] if lines else []
+    return pd.DataFrame(lines).round({**{c: 3 for c in ms}, "tokens_per_verify": 3, "tau": 4,
+                                      "prefill_ms_per_answer": 2})
 
 
 def depth_curves(run: RunData) -> dict[Row, list[float]]:
@@ -392,7 +467,10 @@ def depth_frame(run: RunData, curves: dict[Row, list[float]]) -> pd.DataFrame:
     depth = max((len(c) for c in curves.values()), default=0)
     lines = []
     for row, curve in curves.items():
-        line = {**_row_fields(row), "steps": sum(len((r.get("steps") or {}).get("accepted", [])) for r in run.row_records(row))}
+        recs = run.row_records(row)
+        draft_tokens, steps = _verified(recs)
+        line = {**_row_fields(row), "steps": sum(len((r.get("steps") or {}).get("accepted", [])) for r in recs),
+                "tokens_per_verify": round(draft_tokens / steps, 3) if steps else math.nan}
         for d in range(1, depth + 1):
             line[f"d{d}"] = round(curve[d - 1], 4) if d <= len(curve) else math.nan
         lines.append(line)
@@ -420,7 +498,7 @@ def compute_stats(run: RunData, resamples: int = N_BOOTSTRAP) -> RunStats:
     cells = main_cells(run, resamples)
     curves = depth_curves(run)
     turns = turn_cells(run, resamples)
-    return RunStats(run, cells, curves, main_frame(cells), cost_frame(run), depth_frame(run, curves),
+    return RunStats(run, cells, curves, main_frame(cells), cost_frame(run, resamples), depth_frame(run, curves),
                     turn_frame(turns), category_cells(run, resamples), turns)
 
 
