@@ -355,11 +355,13 @@ def curves(checkpoints: list[Path] = typer.Argument(..., help="checkpoint folder
 @friendly
 def baseline(run_dir: RunFolderArg,
              save: Annotated[Path, typer.Option("--save", help="baseline JSON to write (e.g. results/baselines/X.json)")],
-             allow_dirty: AllowDirtyOpt = False):
+             allow_dirty: AllowDirtyOpt = False,
+             methods: Annotated[Optional[str], typer.Option(
+                 help="comma-separated methods to keep (names in the run, or `module:Class`; default: all)")] = None):
     """Store per-cell τ and per-depth acceptance of a run, with its provenance, as a baseline."""
     from harness.runs.regress import save_baseline
 
-    data = save_baseline(run_dir, save, allow_dirty)
+    data = save_baseline(run_dir, save, allow_dirty, split_csv(methods) if methods else None)
     console.print(f"baseline: {len(data['cells'])} cells from {run_dir} -> {save}")
 
 
@@ -368,13 +370,16 @@ def baseline(run_dir: RunFolderArg,
 def regress(run_dir: RunFolderArg,
             baseline_file: Path = typer.Option(..., "--baseline", help="a file written by `cli.py baseline`"),
             tolerance: float = typer.Option(0.02, help="allowed relative drop of τ"),
+            depth_tolerance: Optional[float] = typer.Option(
+                None, help="allowed relative drop of each depth's acceptance (default: --tolerance)"),
             report: Optional[Path] = typer.Option(None, "--report", help="also write the verdict as JSON here")):
-    """Compare a run's τ with a baseline per cell: exit 0 ok, 1 on a drop or missing cell, 2 if not comparable."""
+    """Compare a run's τ and per-depth acceptance with a baseline per cell: exit 0 ok, 1 on a drop or
+    missing cell, 2 if not comparable."""
     from rich.table import Table
 
-    from harness.runs.regress import cell_name, check, write_verdict
+    from harness.runs.regress import cell_name, check, describe_moves, write_verdict
 
-    verdict = check(run_dir, baseline_file, tolerance)
+    verdict = check(run_dir, baseline_file, tolerance, depth_tolerance)
     console.print(f"baseline machine: {verdict.machines['baseline']}; run machine: {verdict.machines['run']}")
     for w in verdict.warnings:
         err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
@@ -383,20 +388,21 @@ def regress(run_dir: RunFolderArg,
     shown = verdict.failed or [r for r in verdict.rows if r["status"] == "improved"]
     if shown:
         t = Table(show_header=True, header_style="bold")
-        for c in ("method", "benchmark", "T", "rule", "base τ", "run τ", "Δτ", "status"):
+        for c in ("method", "benchmark", "T", "rule", "base τ", "run τ", "Δτ", "depths moved", "status"):
             t.add_column(c)
         for r in shown:
+            depths = ", ".join(f"d{m['depth']} {100 * m['change']:+.1f}%" for m in r["depths"]) or "–"
             t.add_row(r["method"], r["benchmark"], f"{r['temperature']:g}", r["acceptance"], f"{r['baseline_tau']:.4f}",
                       "–" if r["tau"] is None else f"{r['tau']:.4f}",
-                      "–" if r["change"] is None else f"{100 * r['change']:+.1f}%",
+                      "–" if r["change"] is None else f"{100 * r['change']:+.1f}%", depths,
                       f"[red]{r['status']}[/]" if r["status"] in ("dropped", "missing") else r["status"])
         console.print(t)
-    n, tol = len(verdict.rows), f"{100 * tolerance:g}%"
+    n = len(verdict.rows)
+    tol = f"{100 * tolerance:g}% (τ), {100 * verdict.depth_tolerance:g}% (each depth)"
+    for r in shown:
+        label = "[red]regressed:[/]" if r in verdict.failed else "improved:"
+        console.print(f"{label} {cell_name(r)}: {'; '.join(describe_moves(r))}", soft_wrap=True)
     if verdict.failed:
-        for r in verdict.failed:
-            what = "missing from the run" if r["status"] == "missing" else (
-                f"τ {r['baseline_tau']:.4f} -> {r['tau']:.4f} ({100 * r['change']:+.1f}%)")
-            console.print(f"[red]regressed:[/] {cell_name(r)}: {what}")
         console.print(f"{len(verdict.failed)} of {n} cells failed (tolerance {tol})")
         raise typer.Exit(1)
     console.print(f"ok: {n} cells within {tol} of {baseline_file}")
@@ -407,26 +413,38 @@ def regress(run_dir: RunFolderArg,
 def history(history_file: Optional[Path] = typer.Option(None, "--file", help="history file to plot (default results/history.jsonl)"),
             target: Optional[str] = typer.Option(None, help="target whose lines are plotted (default: the latest line's)"),
             dtype: Optional[str] = typer.Option(None, help="dtype whose lines are plotted (default: the latest line's)"),
+            max_new_tokens: Optional[int] = typer.Option(
+                None, help="tokens per answer of the lines plotted (default: the latest line's)"),
             temperature: float = typer.Option(0.0, help="temperature whose cells are plotted"),
             benchmark: Optional[str] = typer.Option(None, help="one benchmark (default: mean over benchmarks)"),
+            tolerance: float = typer.Option(0.02, help="relative change from a method's previous commit that is marked as a move"),
             out: Optional[Path] = typer.Option(None, help="folder for history.png/.svg (default: beside the file)")):
-    """Plot τ over commits per method from the history that `compare --record` appends to."""
+    """Plot τ and depth-1 acceptance over commits per method, marking the commits where they moved."""
     from rich.table import Table
 
     from harness.report.plots import plot_history
-    from harness.runs.regress import HISTORY_FILE, history_frame
+    from harness.runs.regress import HISTORY_FILE, history_frame, history_moves
 
     file = history_file or HISTORY_FILE
-    frame = history_frame(file, target, dtype, temperature, benchmark)
+    frame = history_frame(file, target, dtype, temperature, benchmark, max_new_tokens, tolerance)
     t = Table(show_header=True, header_style="bold")
-    pivot = frame.pivot_table(index=["order", "commit"], columns="method", values="tau").sort_index()
+    frame = frame.assign(cell=[f"{'*' if m else ''}{v:.4f}" + (f" ({d:.3f})" if d == d else "") for v, d, m in
+                               zip(frame["tau"], frame["depth1"], frame["tau_moved"] | frame["depth1_moved"])])
+    pivot = frame.pivot(index=["order", "commit"], columns="label", values="cell").sort_index()
     t.add_column("commit")
     for m in pivot.columns:
-        t.add_column(f"{m} τ")
+        t.add_column(f"{m} τ (depth 1)")
     for (_, commit), row in pivot.iterrows():
-        t.add_row(str(commit)[:7], *["–" if v != v else f"{v:.4f}" for v in row])
+        t.add_row(str(commit)[:7], *["–" if not isinstance(v, str) else v for v in row])
     console.print(t)
-    paths = plot_history(frame, out or file.parent, benchmark)
+    moves = history_moves(frame)
+    console.print(f"* moved more than {100 * tolerance:g}% from the method's previous commit"
+                  + (":" if moves else ": none"))
+    for line in moves:
+        console.print(f"  {line}", soft_wrap=True)
+    first = frame.iloc[0]
+    setting = f"{first['target']}, {first['dtype']}, {first['max_new_tokens']} tokens, T={temperature:g}"
+    paths = plot_history(frame, out or file.parent, benchmark, setting=setting, tolerance=tolerance)
     console.print(f"plot: {', '.join(map(str, paths))}")
 
 

@@ -3,16 +3,23 @@
 Greedy τ on CPU in float32 is deterministic, so it is what regression tracking compares; seconds
 are not (they go into the history file for the record, never into a pass/fail).
 
-- `save_baseline(run_dir, file)`: per cell (method, benchmark, temperature, acceptance) the
-  numeric τ and per-depth acceptance, with the run's provenance (target, dtype, device, CPU flags
-  or GPU name, prompts, max new tokens, drafter checkpoint hashes).
-- `check(run_dir, file, tolerance)`: refuses (SpecbenchError, the CLI's exit 2) a run whose
-  provenance differs in a field that can change τ at its dtype, naming the field (other
+- `save_baseline(run_dir, file, methods=None)`: per cell (method, benchmark, temperature,
+  acceptance) the numeric τ and per-depth acceptance, with the run's provenance (target, dtype,
+  device, CPU flags or GPU name, prompts, max new tokens, drafter checkpoint hashes). Any method
+  the run holds may be baselined, an external `module:Class` drafter included: cells are keyed by
+  the names the records carry, never checked against a static list.
+- `check(run_dir, file, tolerance, depth_tolerance)`: refuses (SpecbenchError, the CLI's exit 2) a
+  run whose provenance differs in a field that can change τ at its dtype, naming the field (other
   differences, e.g. AMX in float32, are warnings); otherwise compares cell by cell: a τ more than
-  `tolerance` (relative) below the baseline, or a baseline cell missing from the run, fails.
-- `record_history(run_dir, file)`: appends one line per cell (commit, date, config hash, τ,
-  speedup) to `results/history.jsonl`; `history_frame` reads it back (harness/report/plots.py
-  draws it).
+  `tolerance` (relative) below the baseline, a depth's acceptance more than `depth_tolerance`
+  (relative) below the baseline's at that depth, or a baseline cell missing from the run, fails.
+  Depth d's acceptance is the share of verify steps that accepted at least d drafts; as in vLLM's
+  acceptance-length test, every position with a non-zero baseline is gated one-sided, so a drafter
+  whose deep positions collapse fails even when a better first position keeps τ level.
+- `history_lines` / `record_history(run_dir, file)`: one line per cell (commit, date, config hash,
+  τ, depth-1 acceptance, speedup, CPU kind) in `results/history.jsonl`; `history_frame` reads it
+  back with the commits where a method's τ or depth-1 acceptance moved beyond a tolerance
+  (harness/report/plots.py draws it). scripts/backfill_history.py fills it from git history.
 τ and speedup are those of the tables (harness/runs/statistics.py), without their bootstrap.
 """
 from __future__ import annotations
@@ -33,7 +40,7 @@ from harness.core.hardware import BF16_KERNEL_FLAGS, cpu_kind
 from harness.core.paths import REPO_ROOT, repo_relative
 from harness.runs.metrics import per_depth_acceptance
 from harness.runs.results import refuse_dirty
-from harness.runs.statistics import RunData, fmt_temperature, is_lossy, load_run, main_cells
+from harness.runs.statistics import RunData, fmt_temperature, is_lossy, load_run, main_cells, row_label
 
 FORMAT = "specbench-baseline/1"
 DEFAULT_TOLERANCE = 0.02
@@ -112,18 +119,48 @@ def machine(prov: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- baseline
 
-def save_baseline(run_dir: Path, file: Path, allow_dirty: bool = False) -> dict[str, Any]:
+def run_method_names(run: RunData, wanted: list[str]) -> set[str]:
+    """The run's method names that `wanted` names: each is a name the records carry, or anything
+    `methods.registry.get_method` resolves (an alias, `module:Class`, an entry point) to a class
+    whose `name` the records carry. Nothing is checked against a static list of methods."""
+    have = {row.method for row in run.rows}
+    out = set()
+    for name in wanted:
+        if name in have:
+            out.add(name)
+            continue
+        try:
+            from methods.registry import get_method  # lazy: only for names the records do not carry
+
+            resolved = getattr(get_method(name), "name", None)
+        except Exception:  # noqa: BLE001 - unresolvable: the error below names what the run holds
+            resolved = None
+        if resolved not in have:
+            raise SpecbenchError(f"{run.path} has no cells of method {name!r}; it holds {', '.join(sorted(have))}")
+        out.add(resolved)
+    return out
+
+
+def save_baseline(run_dir: Path, file: Path, allow_dirty: bool = False,
+                  methods: list[str] | None = None) -> dict[str, Any]:
+    """Write the baseline of `run_dir` (only `methods`' cells when given) to `file`."""
     run = load_run(run_dir)
     refuse_dirty(run.meta, "baseline --save", allow_dirty)
     cells = run_cells(run)
+    if methods:
+        keep = run_method_names(run, methods)
+        cells = [c for c in cells if c["method"] in keep]
     if not cells:
         raise SpecbenchError(f"{run_dir} has no method cells to baseline")
     meta = run.meta
+    prov = provenance(run)
+    if methods:
+        prov["checkpoints"] = {m: h for m, h in prov["checkpoints"].items() if m in keep}
     baseline = {
         "format": FORMAT,
         "source": {"run_dir": repo_relative(run_dir), "commit": meta.get("commit"), "dirty": meta.get("dirty"),
                    "date": meta.get("date"), "config_hash": meta.get("config_hash")},
-        "provenance": provenance(run),
+        "provenance": prov,
         "cells": [{k: c[k] for k in ("method", "benchmark", "temperature", "acceptance", "tau", "per_depth",
                                      "answers", "speedup", "config_hash", "checkpoint_hash")} for c in cells],
     }
@@ -160,6 +197,7 @@ class Verdict:
     tolerance: float
     warnings: list[str] = field(default_factory=list)   # provenance that differs without changing τ
     machines: dict[str, str] = field(default_factory=dict)  # {"baseline": ..., "run": ...}
+    depth_tolerance: float | None = None  # relative, per depth; None: `tolerance`
 
     @property
     def failed(self) -> list[dict[str, Any]]:
@@ -173,8 +211,8 @@ class Verdict:
 def write_verdict(verdict: Verdict, file: Path, run_dir: Path, baseline_file: Path) -> None:
     """The verdict as JSON: both machines, the warnings and every cell's status."""
     data = {"run_dir": repo_relative(run_dir), "baseline": repo_relative(baseline_file), "machines": verdict.machines,
-            "warnings": verdict.warnings, "tolerance": verdict.tolerance, "exit_code": verdict.exit_code,
-            "cells": verdict.rows}
+            "warnings": verdict.warnings, "tolerance": verdict.tolerance, "depth_tolerance": verdict.depth_tolerance,
+            "exit_code": verdict.exit_code, "cells": verdict.rows}
     Path(file).parent.mkdir(parents=True, exist_ok=True)
     Path(file).write_text(_dump(data))
 
@@ -234,9 +272,47 @@ def check_provenance(base: dict[str, Any], run: dict[str, Any], methods: set[str
     return warnings
 
 
-def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERANCE) -> Verdict:
-    if not 0 <= tolerance < 1:
-        raise SpecbenchError(f"--tolerance is relative, in [0, 1): got {tolerance}")
+def _moved(old: float, new: float, tolerance: float) -> str:
+    """ok | dropped | improved: `new` against `old` with a relative tolerance."""
+    if new < old * (1 - tolerance) - EPS:
+        return "dropped"
+    return "improved" if new > old * (1 + tolerance) + EPS else "ok"
+
+
+def depth_moves(base: list[float], run: list[float], tolerance: float) -> list[dict[str, Any]]:
+    """The depths whose acceptance moved beyond `tolerance` (relative): [{depth, baseline, run,
+    change, status}], depth 1-based. Depths with a zero baseline are not gated (a relative change
+    from 0 is undefined; vLLM's test skips them too); a depth the run never reached counts 0."""
+    out = []
+    for d, old in enumerate(base, start=1):
+        new = run[d - 1] if d <= len(run) else 0.0
+        status = _moved(old, new, tolerance) if old > 0 else "ok"
+        if status != "ok":
+            out.append({"depth": d, "baseline": old, "run": new, "change": new / old - 1, "status": status})
+    return out
+
+
+def describe_moves(row: dict[str, Any]) -> list[str]:
+    """One phrase per quantity of a verdict row that moved: 'τ 1.5000 -> 1.4000 (-6.7%)',
+    'depth 2 acceptance 0.4000 -> 0.3500 (-12.5%)', or 'missing from the run'."""
+    if row["status"] == "missing":
+        return ["missing from the run"]
+    out = []
+    if row.get("tau_status", "ok") != "ok":
+        out.append(f"τ {row['baseline_tau']:.4f} -> {row['tau']:.4f} ({100 * row['change']:+.1f}%)")
+    out += [f"depth {m['depth']} acceptance {m['baseline']:.4f} -> {m['run']:.4f} ({100 * m['change']:+.1f}%)"
+            for m in row.get("depths") or []]
+    return out
+
+
+def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERANCE,
+          depth_tolerance: float | None = None) -> Verdict:
+    """Compare `run_dir` with a baseline cell by cell: τ within `tolerance`, every depth's
+    acceptance within `depth_tolerance` (default: `tolerance`), both relative and one-sided."""
+    for name, value in (("--tolerance", tolerance), ("--depth-tolerance", depth_tolerance)):
+        if value is not None and not 0 <= value < 1:
+            raise SpecbenchError(f"{name} is relative, in [0, 1): got {value}")
+    dtol = tolerance if depth_tolerance is None else depth_tolerance
     base = load_baseline(baseline_file)
     run = load_run(run_dir)
     cells = run_cells(run)
@@ -257,49 +333,65 @@ def check(run_dir: Path, baseline_file: Path, tolerance: float = DEFAULT_TOLERAN
             # e.g. a tree budget: τ moves with it, so a changed default must not pass as a drop or a gain
             raise _refuse(f"method settings of {b['method']} (config hash)", b["config_hash"], got.get("config_hash"))
         row = {**{k: b[k] for k in ("method", "benchmark", "temperature", "acceptance")},
-               "baseline_tau": b["tau"], "tau": None, "change": None, "status": "missing",
-               "baseline_depth1": (b.get("per_depth") or [None])[0], "depth1": None}
+               "baseline_tau": b["tau"], "tau": None, "change": None, "status": "missing", "tau_status": None,
+               "baseline_depth1": (b.get("per_depth") or [None])[0], "depth1": None, "depths": []}
         if got is not None and got["tau"] is not None and not math.isnan(got["tau"]):
             change = got["tau"] / b["tau"] - 1 if b["tau"] else 0.0
-            status = "dropped" if got["tau"] < b["tau"] * (1 - tolerance) - EPS else (
-                "improved" if got["tau"] > b["tau"] * (1 + tolerance) + EPS else "ok")
-            row.update(tau=got["tau"], change=change, status=status, depth1=(got["per_depth"] or [None])[0])
+            tau_status = _moved(b["tau"], got["tau"], tolerance)
+            depths = depth_moves(b.get("per_depth") or [], got["per_depth"] or [], dtol)
+            statuses = {tau_status, *(m["status"] for m in depths)}
+            status = "dropped" if "dropped" in statuses else ("improved" if "improved" in statuses else "ok")
+            row.update(tau=got["tau"], change=change, status=status, tau_status=tau_status, depths=depths,
+                       depth1=(got["per_depth"] or [None])[0])
         rows.append(row)
-    return Verdict(rows, tolerance, warnings, {"baseline": machine(base["provenance"]), "run": machine(prov)})
+    return Verdict(rows, tolerance, warnings, {"baseline": machine(base["provenance"]), "run": machine(prov)}, dtol)
 
 
 # ----------------------------------------------------------------------------- history
+
+def history_lines(run: RunData, commit: str | None, dirty: bool | None, date: str,
+                  **extra: Any) -> list[dict[str, Any]]:
+    """One history line per cell of `run`, attributed to `commit` at `date`: τ, depth-1
+    acceptance, speedup, the CPU kind and the prompts' digest (a change of prompts shows as one,
+    never as a move of τ); `extra` keys (e.g. source="backfill") go on every line."""
+    prov = provenance(run)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    lines = []
+    for c in run_cells(run):
+        lines.append({
+            "commit": commit, "dirty": dirty, "date": date, "recorded": now,
+            "run_config_hash": run.meta.get("config_hash"), "config_hash": c["config_hash"],
+            "target": prov["target"], "dtype": prov["dtype"], "device": prov["device"],
+            "max_new_tokens": prov["max_new_tokens"], "method": c["method"], "benchmark": c["benchmark"],
+            "temperature": c["temperature"], "acceptance": c["acceptance"], "lossy": c["lossy"], "answers": c["answers"],
+            "tau": round(c["tau"], 6), "depth1": (c["per_depth"] or [0.0])[0],
+            "speedup": None if c["speedup"] is None else round(c["speedup"], 6),
+            "cpu_kind": machine(prov), "prompts": prov["prompts"][c["benchmark"]]["digest"], **extra,
+        })
+    return lines
+
+
+def append_lines(file: Path, lines: list[dict[str, Any]]) -> None:
+    """Append JSON lines in one write, so a killed process leaves whole lines (or none) of a batch."""
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with file.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+
 
 def record_history(run_dir: Path, file: Path = HISTORY_FILE, allow_dirty: bool = False) -> int:
     """Append one line per cell of the run to the history file; returns the number of lines."""
     run = load_run(run_dir)
     refuse_dirty(run.meta, "--record", allow_dirty)
     meta = run.meta
-    prov = provenance(run)
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    lines = []
-    for c in run_cells(run):
-        lines.append({
-            "commit": meta.get("commit"), "dirty": meta.get("dirty"), "date": meta.get("date") or now,
-            "recorded": now, "run_config_hash": meta.get("config_hash"), "config_hash": c["config_hash"],
-            "target": prov["target"], "dtype": prov["dtype"], "device": prov["device"],
-            "max_new_tokens": prov["max_new_tokens"], "method": c["method"], "benchmark": c["benchmark"],
-            "temperature": c["temperature"], "acceptance": c["acceptance"], "lossy": c["lossy"], "answers": c["answers"],
-            "tau": round(c["tau"], 6), "speedup": None if c["speedup"] is None else round(c["speedup"], 6),
-        })
-    file = Path(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    with file.open("a", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    lines = history_lines(run, meta.get("commit"), meta.get("dirty"),
+                          meta.get("date") or datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    append_lines(file, lines)
     return len(lines)
 
 
-def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: str | None = None,
-                  temperature: float = 0.0, benchmark: str | None = None) -> pd.DataFrame:
-    """τ per (commit, method, acceptance): the mean over benchmarks (or `benchmark`'s) of the
-    latest line per cell and commit, and whether the rule is lossy; commits in order of their
-    first date. `target` and `dtype` default to the latest line's."""
+def read_history(file: Path = HISTORY_FILE) -> list[dict[str, Any]]:
+    """Every line of the history file (cells and the backfill's skipped-commit notes)."""
     file = Path(file)
     if not file.exists():
         raise SpecbenchError(f"no history at {file}: `cli.py compare --record` appends to it")
@@ -311,23 +403,66 @@ def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: s
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             raise SpecbenchError(f"{file}:{i}: malformed line ({e})") from None
+    return rows
+
+
+def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: str | None = None,
+                  temperature: float = 0.0, benchmark: str | None = None, max_new_tokens: int | None = None,
+                  tolerance: float = DEFAULT_TOLERANCE) -> pd.DataFrame:
+    """τ and depth-1 acceptance per (commit, method, acceptance): the mean over benchmarks (or
+    `benchmark`'s) of the latest line per cell and commit, and whether the rule is lossy; commits
+    in order of their first date. `target`, `dtype` and `max_new_tokens` default to the latest
+    line's. `tau_change` / `depth1_change` are relative to the method's previous commit in the
+    frame, and `tau_moved` / `depth1_moved` say whether that change is beyond `tolerance`."""
+    rows = [r for r in read_history(file) if not r.get("skipped")]
     if not rows:
-        raise SpecbenchError(f"{file} is empty")
+        raise SpecbenchError(f"{file} holds no cells")
     df = pd.DataFrame(rows).assign(lossy=[is_lossy(r) for r in rows])
+    if "depth1" not in df:
+        df["depth1"] = math.nan  # lines written before depth-1 acceptance was recorded
     target = target or df["target"].iloc[-1]
     dtype = dtype or df["dtype"].iloc[-1]
-    df = df[(df["target"] == target) & (df["dtype"] == dtype) & (df["temperature"].astype(float) == temperature)]
+    max_new_tokens = max_new_tokens or df["max_new_tokens"].iloc[-1]
+    df = df[(df["target"] == target) & (df["dtype"] == dtype) & (df["max_new_tokens"] == max_new_tokens)
+            & (df["temperature"].astype(float) == temperature)]
     if benchmark:
         df = df[df["benchmark"] == benchmark]
     if df.empty:
-        raise SpecbenchError(f"{file} has no lines for target {target}, dtype {dtype}, T={fmt_temperature(temperature)}"
-                             + (f", benchmark {benchmark}" if benchmark else ""))
+        raise SpecbenchError(f"{file} has no lines for target {target}, dtype {dtype}, {max_new_tokens} tokens, "
+                             f"T={fmt_temperature(temperature)}" + (f", benchmark {benchmark}" if benchmark else ""))
     df = df.assign(commit=df["commit"].fillna("unknown"))
-    order = df.groupby("commit")["date"].min().sort_values()
+    order = df.groupby("commit", sort=False)["date"].min().sort_values(kind="stable")  # ties: file order
     latest = df.drop_duplicates(["commit", "method", "acceptance", "benchmark"], keep="last")
     out = latest.groupby(["commit", "method", "acceptance"], sort=False).agg(
-        tau=("tau", "mean"), benchmarks=("benchmark", "nunique"), dirty=("dirty", "max"),
-        lossy=("lossy", "max")).reset_index()
+        tau=("tau", "mean"), depth1=("depth1", "mean"), benchmarks=("benchmark", "nunique"),
+        dirty=("dirty", "max"), lossy=("lossy", "max")).reset_index()
     out["order"] = out["commit"].map({c: i for i, c in enumerate(order.index)})
-    return out.sort_values(["order", "method", "acceptance"]).reset_index(drop=True)
+    out["label"] = [row_label(m, a, lossy) for m, a, lossy in zip(out["method"], out["acceptance"], out["lossy"])]
+    out = out.assign(target=target, dtype=dtype, max_new_tokens=max_new_tokens)  # what the frame holds, for captions
+    out = out.sort_values(["order", "method", "acceptance"]).reset_index(drop=True)
+    return mark_moves(out, tolerance)
 
+
+def mark_moves(frame: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Add `<q>_change` and `<q>_moved` for q in τ and depth-1 acceptance: the relative change
+    from the same (method, acceptance)'s previous commit in the frame, and |change| > tolerance.
+    A method's first commit has no change (NaN, not moved)."""
+    frame = frame.copy()
+    for q in ("tau", "depth1"):
+        prev = frame.groupby(["method", "acceptance"], sort=False)[q].shift()
+        change = frame[q] / prev - 1
+        frame[f"{q}_prev"] = prev
+        frame[f"{q}_change"] = change
+        frame[f"{q}_moved"] = (change.abs() > tolerance + EPS).astype(bool)
+    return frame
+
+
+def history_moves(frame: pd.DataFrame) -> list[str]:
+    """One line per (commit, method) of a `history_frame` whose τ or depth-1 acceptance moved:
+    'e8521a1 eagle: τ 1.6000 -> 1.8000 (+12.5%); depth 1 0.400 -> 0.450 (+12.5%)'."""
+    out = []
+    for _, r in frame[frame["tau_moved"] | frame["depth1_moved"]].iterrows():
+        parts = [f"{name} {r[q + '_prev']:.{digits}f} -> {r[q]:.{digits}f} ({100 * r[q + '_change']:+.1f}%)"
+                 for q, name, digits in (("tau", "τ", 4), ("depth1", "depth 1", 3)) if r[q + "_moved"]]
+        out.append(f"{str(r['commit'])[:7]} {r['label']}: {'; '.join(parts)}")
+    return out
