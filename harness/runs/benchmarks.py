@@ -21,8 +21,10 @@ from harness.core.paths import REPO_ROOT
 MANIFEST_PATH = REPO_ROOT / "datasets" / "benchmarks.json"
 DATA_ENV = "SPECBENCH_DATA"
 
-with MANIFEST_PATH.open(encoding="utf-8") as _f:
-    BENCHMARKS: dict[str, dict] = json.load(_f)
+# A copy of the code folders alone (scripts/gpu_check.py on a bare GPU box) has no datasets/: there
+# no benchmark is built in, and runs take prompt files.
+BENCHMARKS: dict[str, dict] = (json.loads(MANIFEST_PATH.read_text(encoding="utf-8")) if MANIFEST_PATH.is_file()
+                               else {})
 
 
 @dataclass(frozen=True)
