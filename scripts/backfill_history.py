@@ -10,7 +10,8 @@ depth-1 acceptance are computed from the records by today's statistics (one defi
 commit) and appended as one line per cell with the commit's hash and date, the CPU kind and
 `source: "backfill"`. Seconds are not kept: the backfill shares its core, so speedups would be noise.
 
-Resumable: a commit whose cells are all in the file is not run again; a commit whose block was
+Commits are visited last, first, then the midpoints of the widest gaps, so that a backfill stopped
+early still spans the history. Resumable: a commit whose cells are all in the file is not run again; a commit whose block was
 cut short is removed and run again; its run folder (under --work-dir) persists, so the commit's
 own runner resumes the answers it finished. A commit that cannot run (no `cli.py run`, an option
 it refuses, a worktree left dirty) gets one `skipped` line naming why, and is not retried.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -113,6 +115,23 @@ def spread(commits: list[Commit], n: int) -> list[Commit]:
         return commits[-1:]
     idx = sorted({round(i * (len(commits) - 1) / (n - 1)) for i in range(n)})
     return [commits[i] for i in idx]
+
+
+def visit_order(commits: list[Commit]) -> list[Commit]:
+    """`commits` reordered so that every prefix is spread over the history: the last, the first,
+    then the midpoints of the widest gaps left (a backfill stopped early still spans it all)."""
+    if len(commits) <= 2:
+        return list(reversed(commits))
+    order, gaps = [len(commits) - 1, 0], [(0, len(commits) - 1)]
+    while gaps:
+        lo, hi = max(gaps, key=lambda g: (g[1] - g[0], -g[0]))
+        gaps.remove((lo, hi))
+        if hi - lo < 2:
+            continue
+        mid = (lo + hi) // 2
+        order.append(mid)
+        gaps += [(lo, mid), (mid, hi)]
+    return [commits[i] for i in order]
 
 
 def resolve(repo: Path, names: list[str]) -> list[Commit]:
@@ -234,22 +253,30 @@ def backfill_one(commit: Commit, grid: Grid, repo: Path, runner: Runner, work: P
     return [{**line, "speedup": None, "cells": len(lines)} for line in lines]
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the finished child processes of this one."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def backfill(commits: list[Commit], grid: Grid, repo: Path, runner: Runner, file: Path, work: Path,
              log: Callable[[str], None] = print) -> int:
     """Run every commit not yet in `file` and append its lines; returns how many commits ran."""
     done = done_commits(file)
     ran = 0
-    for i, commit in enumerate(commits, start=1):
+    for i, commit in enumerate(visit_order(commits), start=1):
         if commit.sha in done:
             log(f"[{i}/{len(commits)}] {commit.sha[:7]} already in {file.name}")
             continue
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _children_cpu_s()
         lines = backfill_one(commit, grid, repo, runner, work)
         append_lines(file, lines)
         ran += 1
         what = lines[0]["skipped"] if lines[0].get("skipped") else (
             f"{len({x['method'] for x in lines})} methods, {len(lines)} cells")
-        log(f"[{i}/{len(commits)}] {commit.sha[:7]} {commit.date}: {what} ({time.perf_counter() - start:.0f} s)")
+        # CPU seconds beside wall seconds: on a shared core the wall time says little about the work
+        log(f"[{i}/{len(commits)}] {commit.sha[:7]} {commit.date}: {what} "
+            f"({time.perf_counter() - start:.0f} s wall, {_children_cpu_s() - cpu:.0f} s CPU)")
     return ran
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,9 @@ sys.modules[_spec.name] = bf  # dataclasses look their module up there
 _spec.loader.exec_module(bf)
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
+                          env={**os.environ, **(env or {})}).stdout.strip()
 
 
 def commit(repo: Path, message: str, files: dict[str, str] | None = None, moves: dict[str, str] | None = None) -> str:
@@ -34,7 +36,9 @@ def commit(repo: Path, message: str, files: dict[str, str] | None = None, moves:
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
         git(repo, "add", path)
-    git(repo, "commit", "-q", "-m", message)
+    day = int(git(repo, "rev-list", "--count", "--all") or 0) + 1  # one commit a day: dates order them
+    date = f"2026-01-{day:02d}T00:00:00+00:00"
+    git(repo, "commit", "-q", "-m", message, env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
     return git(repo, "rev-parse", "HEAD")
 
 
@@ -75,6 +79,8 @@ def test_commits_that_touched_drafters_weights_or_core_are_picked(repo):
     commits = [bf.Commit(str(i), "") for i in range(10)]
     assert [c.sha for c in bf.spread(commits, 4)] == ["0", "3", "6", "9"]
     assert bf.spread(commits, 20) == commits and [c.sha for c in bf.spread(commits, 1)] == ["9"]
+    # visited so that every prefix spans the history; each commit once
+    assert [c.sha for c in bf.visit_order(commits)] == ["9", "0", "4", "6", "2", "7", "1", "3", "5", "8"]
 
 
 def test_methods_at_a_commit_need_their_module_and_weights(repo, grid):
@@ -125,10 +131,11 @@ def test_a_killed_backfill_resumes_without_duplicates(repo, grid, tmp_path):
     killed = FakeRunner({2: KeyboardInterrupt()})
     with pytest.raises(KeyboardInterrupt):
         bf.backfill(commits, grid, r, killed, hist, work, log=lambda s: None)
-    assert {x["commit"] for x in lines_of(hist)} == {"old", shas[2]}
+    assert [c for c, _ in killed.calls] == [shas[5], shas[2]]  # the last commit first, then the first
+    assert {x["commit"] for x in lines_of(hist)} == {"old", shas[5]}
     again = FakeRunner()
     assert bf.backfill(commits, grid, r, again, hist, work, log=lambda s: None) == 2
-    assert [c for c, _ in again.calls] == [shas[3], shas[5]]
+    assert [c for c, _ in again.calls] == [shas[2], shas[3]]
     lines = lines_of(hist)
     keys = [(x["commit"], x.get("method"), x.get("benchmark")) for x in lines]
     assert len(keys) == len(set(keys)) == 1 + 2 + 2 + 4  # pld x 2 benchmarks, then pld + eagle
@@ -142,7 +149,7 @@ def test_a_killed_backfill_resumes_without_duplicates(repo, grid, tmp_path):
     hist.write_text("".join(text[:-1]) + text[-1][:20])
     rerun = FakeRunner()
     assert bf.backfill(commits, grid, r, rerun, hist, work, log=lambda s: None) == 1
-    assert [c for c, _ in rerun.calls] == [shas[5]]
+    assert [c for c, _ in rerun.calls] == [shas[3]]
     unstamped = [[{k: v for k, v in x.items() if k != "recorded"} for x in xs] for xs in (lines_of(hist), lines)]
     assert unstamped[0] == unstamped[1]
     frame = regress.history_frame(hist)
@@ -156,8 +163,9 @@ def test_commits_that_cannot_run_are_recorded_once_with_the_reason(repo, grid, t
     runner = FakeRunner({1: bf.Skip("cli.py run exited 2: error: no such option: --max-new-tokens")})
     bf.backfill(commits, grid, r, runner, hist, tmp_path / "work", log=lambda s: None)
     skipped = {x["commit"]: x["skipped"] for x in lines_of(hist) if x.get("skipped")}
-    assert skipped == {shas[1]: "none of the baseline's methods exists at this commit",
-                       shas[2]: "cli.py run exited 2: error: no such option: --max-new-tokens"}
+    assert skipped == {shas[1]: "none of the baseline's methods exists at this commit",  # not run at all
+                       shas[5]: "cli.py run exited 2: error: no such option: --max-new-tokens"}
+    assert [c for c, _ in runner.calls] == [shas[5], shas[2]]
     assert bf.backfill(commits, grid, r, FakeRunner(), hist, tmp_path / "work", log=lambda s: None) == 0
 
     # a run that recorded another commit (or a dirty tree) is not attributed to this one
