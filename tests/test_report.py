@@ -395,7 +395,9 @@ def test_method_colours_and_names_come_from_the_methods(run_dir, drawn):
     plots.write_plots(load_stats(run_dir))
     legend = drawn["tau"].legends[0]
     labels = [t.get_text() for t in legend.get_texts()]
-    assert labels[:3] == ["Prompt lookup", "Medusa", "EAGLE"]
+    # two columns, filled column by column: it reads row by row in the declared order
+    assert labels == ["Prompt lookup", "EAGLE", "Medusa (typical, lossy)",
+                      "Medusa", "Prompt lookup (typical, lossy)", "EAGLE (typical, lossy)"]
     patch = legend.get_patches()[labels.index("EAGLE")]
     assert to_hex(patch.get_facecolor()) == method_info("eagle").color.lower()
 

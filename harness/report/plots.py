@@ -37,7 +37,8 @@ from harness.runs.statistics import (
 )
 from methods.registry import method_info
 
-# Several variants of one method (ablations): one colour each, in variant order.
+# Several variants of one method (ablations): one colour each, in variant order, after the
+# method's own colour (which the first variant, the default, takes).
 VARIANT_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#882255",
                   "#999933", "#332288", "#44AA99", "#117733", "#AA4499")
 # Draft / verify / other in the time plot: greys and a hatch, apart from the method colours.
@@ -54,11 +55,18 @@ def method_color(method: str) -> str:
     return method_info(method).color
 
 
+def variant_colors(method: str) -> list[str]:
+    """Colours for the variants of `method`: its own first, then the variant palette."""
+    own = method_color(method)
+    return [own, *[c for c in VARIANT_COLORS if c.lower() != own.lower()]]
+
+
 def row_color(run: RunData, row: Row) -> str:
     """The method's colour, or in an ablation (one method, several configs) the variant's."""
     if run.multi_variant() and row.method != AR_METHOD:
-        names = list(dict.fromkeys(r.name for r in run.rows))
-        return VARIANT_COLORS[names.index(row.name) % len(VARIANT_COLORS)]
+        names = list(dict.fromkeys(r.name for r in run.rows if r.method == row.method))
+        colors = variant_colors(row.method)
+        return colors[names.index(row.name) % len(colors)]
     return method_color(row.method)
 
 
@@ -95,8 +103,11 @@ def _legend_above(fig, handles, labels) -> None:
         return
     longest = max(len(s) for s in labels)
     ncol = min(len(labels), 2 if longest > 22 else 3 if longest > 12 else 4)
-    fig.legend(handles, labels, loc="outside upper center", ncol=ncol, frameon=False,
-               handlelength=1.5, columnspacing=1.0)
+    # matplotlib fills a legend column by column; reorder so that it reads row by row, in row order
+    nrows = math.ceil(len(labels) / ncol)
+    order = [r * ncol + c for c in range(ncol) for r in range(nrows) if r * ncol + c < len(labels)]
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside upper center", ncol=ncol,
+               frameon=False, handlelength=1.5, columnspacing=1.0)
 
 
 def caption(fig, text: str, width: float = COLUMN_WIDTH_IN) -> None:
@@ -321,8 +332,7 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
                     pts.sort()
                     xs, ys, lo, hi = (np.array(a, dtype=float) for a in zip(*pts))
                     err = np.where(np.isfinite([ys - lo, hi - ys]), np.abs([ys - lo, hi - ys]), 0.0)
-                    color = (VARIANT_COLORS[g % len(VARIANT_COLORS)] if len(groups) > 1
-                             else method_color(ab.get("method", "")))
+                    color = variant_colors(ab.get("method", ""))[g % len(VARIANT_COLORS)]
                     label = ", ".join(f"{k}={v}" for k, v in zip([k for k in keys if k != key], other_values)) \
                         if len(groups) > 1 else display_label(ab.get("method", ""))
                     if len(temps) > 1:
@@ -336,6 +346,7 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
                 ax.set_xlabel(f"{key} (default {json.dumps(base.get(key))})")
             if j == 0:
                 ax.set_ylabel("Mean speedup (×)" if metric == "speedup" else "Mean τ")
+    axes[0][0].set_title(f"{display_label(ab.get('method', ''))}: {', '.join(keys)}", loc="left")
     if len(handles) > 1 or len(temps) > 1:
         _legend_above(fig, list(handles.values()), list(handles))
     answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
@@ -432,7 +443,7 @@ def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-c
     line style; each panel's legend at its right."""
     from matplotlib.lines import Line2D
 
-    methods = list(dict.fromkeys(frame["method"]))
+    methods = sorted(dict.fromkeys(frame["method"]), key=lambda m: method_info(m).order)
     with _agg():
         fig = _figure(0.45 + 1.35 * len(methods))
         axes = fig.subplots(len(methods), 1, squeeze=False, sharex=True)[:, 0]

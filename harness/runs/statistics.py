@@ -141,8 +141,9 @@ class RunData:
         else:
             machine = meta.get("cpu_kind") or (cpu_kind(meta.get("cpu_model") or "", meta["cpu_flags"])
                                                if meta.get("cpu_flags") else meta.get("cpu_model")) or "CPU not recorded"
-            if meta.get("torch_threads"):
-                machine += f", {meta['torch_threads']} threads"
+            threads = meta.get("torch_threads")
+            if threads:
+                machine += f", {threads} thread{'s' if threads != 1 else ''}"
         return values("target"), values("dtype"), machine
 
     def multi_variant(self) -> bool:
