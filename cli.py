@@ -451,16 +451,23 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="hi
 @app.command("list")
 @friendly
 def list_():
-    """Methods, benchmarks and target aliases."""
+    """Methods (built-in and installed plugins, with what each declares), benchmarks and target aliases."""
+    from rich.table import Table
+
     from harness.core.model_wheels import WHEEL_MODELS
     from harness.runs.benchmarks import BENCHMARKS
-    from methods.registry import get_method, method_names
+    from methods.registry import method_info, method_names
 
-    console.print("[bold]methods[/]: ar (plain decoding, always run as the baseline)")
-    for name in method_names():
-        cls = get_method(name)
-        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        console.print(f"  {name}: {doc}")
+    table = Table(title="methods (any package.module:Class Drafter is accepted too)", title_justify="left")
+    for col in ("name", "method", "paper", "trained", "acceptance", "from", "what it does"):
+        table.add_column(col)
+    infos = sorted((method_info(n) for n in ["ar", *method_names()]), key=lambda i: (i.order, i.name))
+    for i in infos:
+        paper = i.paper + (f" ({i.year})" if i.year and str(i.year) not in i.paper else "")
+        table.add_row(i.name, f"[{i.color}]■[/] {i.display_name}" if i.color else i.display_name, paper,
+                      "yes" if i.trainable else "no", ", ".join(i.acceptance_rules) if i.name != "ar" else "-",
+                      i.source, i.summary)
+    console.print(table)
     console.print("[bold]benchmarks[/]: " + ", ".join(BENCHMARKS))
     console.print("[bold]target aliases[/]: " + ", ".join(WHEEL_MODELS))
 

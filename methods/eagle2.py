@@ -18,7 +18,7 @@ import torch
 
 from harness.core.tree import DraftTree
 from harness.core.tree_build import CandidatePool, build_tree
-from methods.eagle import EagleCore
+from methods.common.eagle_core import EagleCore
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext

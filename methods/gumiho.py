@@ -31,9 +31,9 @@ from torch import nn
 from harness.core.packed_linear import apply_linear
 from harness.core.tree import DraftTree
 from harness.core.tree_build import CandidatePool, Node, build_tree
-from harness.train.losses import masked_smooth_l1
-from methods.eagle import EagleCore
-from methods.medusa import ResBlock
+from methods.common.losses import masked_smooth_l1
+from methods.common.eagle_core import EagleCore
+from methods.common.blocks import ResBlock
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -210,7 +210,7 @@ class Gumiho(EagleCore):
     # ---- official checkpoints ------------------------------------------------------------
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Gumiho":
-        from methods.checkpoint_io import read_state
+        from methods.common.checkpoint_io import read_state
 
         state = read_state(folder, cls.name)
         mapped = {}

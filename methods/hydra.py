@@ -21,8 +21,8 @@ from torch import nn
 from harness.core.draft_layers import DecoderStack
 from harness.core.packed_linear import apply_linear
 from harness.core.tree_build import Level, RankChildren
-from methods.heads import HEAD_DEFAULTS, HeadDrafter
-from methods.medusa import ResBlock
+from methods.common.heads import HEAD_DEFAULTS, HeadDrafter
+from methods.common.blocks import ResBlock
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
@@ -142,7 +142,7 @@ class Hydra(HeadDrafter):
         the official shared ResBlock tensor lands in each of our distinct blocks),
         `hydra_lm_head.{i}.1.*` -> `hydra_head.{i}.proj.*`. The unused prefix embedding, the copy of
         the base embedding (`input_embed_fn`) and the stored `inv_freq` are dropped."""
-        from methods.checkpoint_io import read_state
+        from methods.common.checkpoint_io import read_state
 
         mapped = {}
         for k, v in read_state(folder, cls.name).items():

@@ -16,26 +16,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from harness.core.packed_linear import apply_linear
 from harness.core.tree_build import Level, RankChildren
-from methods.heads import HEAD_DEFAULTS, HeadDrafter
+from methods.common.blocks import ResBlock
+from methods.common.heads import HEAD_DEFAULTS, HeadDrafter
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
     from harness.core.target import TargetOutput
-
-
-class ResBlock(nn.Module):
-    """x + SiLU(W x + b), W zero-initialised (the identity at initialisation); Hydra and Gumiho reuse it."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)
-        self.act = nn.SiLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(apply_linear(self.linear, x))
 
 
 class Medusa(HeadDrafter):
@@ -102,7 +89,7 @@ class Medusa(HeadDrafter):
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Medusa":
         """`medusa_lm_head.pt`: the state dict of the head ModuleList, keys `{i}.{j}.linear.*` and
         `{i}.{L}.weight` (the per-head vocab projection): ours with a `medusa_head.` prefix."""
-        from methods.checkpoint_io import read_state
+        from methods.common.checkpoint_io import read_state
 
         state = {f"medusa_head.{k}": v for k, v in read_state(folder, cls.name).items()}
         heads = 1 + max(int(k.split(".")[1]) for k in state)

@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.core.cost_model import interpolate
 from harness.core.tree import DraftTree
-from methods.base import Drafter
+from methods.common.base import Drafter
 
 # Relative cost of one cached forward of k tokens vs 1 token (SmolLM2-135M, 2 Sapphire Rapids cores;
 # shared/docs/models.md and `cli.py bench`). Override with --set cost_curve='[[1,1.0],[2,1.1],...]'.

@@ -22,7 +22,7 @@ from harness.core.errors import SpecbenchError
 from harness.core.target import Target
 from harness.core.tree import DraftTree
 from harness.core.verify import processed_probs, sample
-from methods.base import Drafter
+from methods.common.base import Drafter
 
 
 class SpeculativeSampling(Drafter):

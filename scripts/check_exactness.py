@@ -20,7 +20,7 @@ from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import benchmark_names, load_questions  # noqa: E402
 from harness.runs.metrics import first_divergence  # noqa: E402
-from methods.pld import PromptLookupDrafter  # noqa: E402
+from methods.registry import get_method  # noqa: E402
 from tests.oracle import OracleDrafter  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> int:
     steps = {"oracle": [], "pld": []}
     for i, p in enumerate(prompts(t32, args.data_dir, args.prompts)):
         ar = generate(t32, p, cfg)
-        for name, d in (("pld", PromptLookupDrafter(t32)),
+        for name, d in (("pld", get_method("pld")(t32)),
                         ("oracle", OracleDrafter(t32, {"continuation": ar.output_ids, "prompt_len": len(p), "seed": i}))):
             sp = generate(t32, p, cfg, d)
             steps[name] += sp.accepted
@@ -65,7 +65,7 @@ def main() -> int:
     ties = 0
     for i, p in enumerate(prompts(t16, args.data_dir, args.prompts)):
         ar = generate(t16, p, cfg16)
-        sp = generate(t16, p, GenerationConfig(args.max_new_tokens), PromptLookupDrafter(t16))
+        sp = generate(t16, p, GenerationConfig(args.max_new_tokens), get_method("pld")(t16))
         div = first_divergence(sp.output_ids, ar.output_ids, ar.top1, ar.gap, False)
         if div is not None:
             if div["near_tie"]:

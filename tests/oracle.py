@@ -8,7 +8,7 @@ import random
 import torch
 
 from harness.core.tree import DraftTree
-from methods.base import Drafter
+from methods.common.base import Drafter
 
 
 class OracleDrafter(Drafter):

@@ -123,7 +123,7 @@ def test_auto_tree_size_stays_exact(tiny_target, tmp_path, monkeypatch, method):
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(cost_model, "verify_cost_curve", lambda target, repeats=5: [[1, 1.0], [8, 1.1], [64, 3.0]])
-    monkeypatch.setattr("methods.eagle.verify_cost_curve", cost_model.verify_cost_curve)
+    monkeypatch.setattr("methods.common.eagle_core.verify_cost_curve", cost_model.verify_cost_curve)
     torch.manual_seed(3)
     d = get_method(method)(tiny_target, {"total_tokens": "auto", "draft_vocab": 0}).eval()
     cfg = GenerationConfig(max_new_tokens=24)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.train.data import Sequence, frequent_answer_tokens
-from harness.train.losses import frozen_head_ce
+from methods.common.losses import frozen_head_ce
 from methods.eagle import Eagle
 from methods.eagle2 import Eagle2
 from methods.medusa import Medusa

@@ -6,7 +6,8 @@ import torch
 
 from harness.core.decode import DraftContext
 from harness.core.verify import Sampling
-from methods.eagle import Eagle, EagleCore
+from methods.common.eagle_core import EagleCore
+from methods.eagle import Eagle
 from methods.eagle2 import Eagle2
 from tests.train_helpers import assert_greedy_exact, tiny_dataset, train_quickly, vicuna7b_meta
 

@@ -8,7 +8,7 @@ import torch
 
 from harness.core.errors import SpecbenchError
 from harness.train.data import DistillBatch
-from harness.train.losses import frozen_head_ce
+from methods.common.losses import frozen_head_ce
 from harness.train.trainer import TrainConfig, Trainer
 from methods.hydra import Hydra
 from methods.medusa import Medusa

@@ -1,15 +1,23 @@
-"""The architecture's rules, checked on the source: every import points down a layer, and no
-module imports another module's private names.
+"""The architecture's rules, checked on the source: every import points down a layer, method files
+build only on the shared parts below them, everything above the methods reaches a method only
+through the registry, and no module imports another module's private names.
 
 The layers, bottom to top (the design's rules, written once, here):
   harness.core            target, cache, tree, verification, decoding loop, hardware; knows no drafter
-  harness.train.losses    the training losses the drafters share
-  methods                 the drafters
+  methods.common          what drafters share: the Drafter interface, draft vocab, checkpoint I/O,
+                          the heads' tree walk, blocks, the losses a drafter computes, EAGLE's draft head
+  methods                 the drafters (one file each) and the registry
   harness.train           distillation, features, trainer, tree fitting
   harness.runs            benchmarks, runner, run folders, statistics, compare, regress, bench
   harness.report          tables and plots
-  cli                     the command line (may import anything)
+  cli, scripts            the command line and the hand-run scripts (may import anything below)
 A module may import its own layer and any layer below it; lazy imports inside functions count.
+Two more rules hold what "a method is one file" means:
+  - a method file (methods/<name>.py, and a plugin's module under examples/) imports from this
+    repository only harness.core and methods.common: never another method file, the registry,
+    or harness.train / runs / report;
+  - above the methods, a method is reached only through methods.registry (methods.common is
+    shared code, open to all): no `from methods.pld import ...` in the harness, cli or scripts.
 """
 from __future__ import annotations
 
@@ -19,18 +27,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# (layer, module prefix); a module belongs to the first layer whose prefix it matches, so the
-# more specific harness.train.losses comes before harness.train.
+# (layer, module prefix); a module belongs to the layer with the longest prefix it matches, so
+# methods.common is not counted with the methods above it. cli and scripts share the top rank.
 LAYERS = [
     ("core", "harness.core"),
-    ("losses", "harness.train.losses"),
+    ("common", "methods.common"),
     ("methods", "methods"),
     ("train", "harness.train"),
     ("runs", "harness.runs"),
     ("report", "harness.report"),
     ("cli", "cli"),
+    ("scripts", "scripts"),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+RANK["scripts"] = RANK["cli"]
+# Where the code is: top-level files and folders checked (examples/ holds plugin packages).
+SOURCES = ("cli.py", "harness", "methods", "scripts", "examples")
 
 
 def layer_of(module: str) -> str | None:
@@ -63,15 +75,31 @@ def imports(tree: ast.AST) -> list[tuple[int, str, list[str]]]:
     return out
 
 
+def is_method_file(root: Path, file: Path, module: str) -> bool:
+    """A drafter's own file: methods/<name>.py (not the registry, not methods.common) or a module of
+    a plugin package under examples/."""
+    if file.relative_to(root).parts[0] == "examples":
+        return True
+    return layer_of(module) == "methods" and module not in ("methods", "methods.registry")
+
+
+def source_files(root: Path) -> list[Path]:
+    out = []
+    for part in SOURCES:
+        path = root / part
+        out += [path] if path.is_file() else sorted(path.rglob("*.py")) if path.is_dir() else []
+    return out
+
+
 def violations(root: Path) -> list[str]:
-    """Every upward import and every import of another module's private name under `root`."""
-    files = [root / "cli.py"] + sorted((root / "harness").rglob("*.py")) + sorted((root / "methods").rglob("*.py"))
+    """Every upward import, every import a method file or a layer above the methods may not make,
+    and every import of another module's private name under `root`."""
     found = []
-    for file in files:
-        if not file.exists():
-            continue
+    for file in source_files(root):
         me = module_name(root, file)
         mine = layer_of(me)
+        method_file = is_method_file(root, file, me)
+        where = f"{file.relative_to(root)}"
         for line, target, names in imports(ast.parse(file.read_text(encoding="utf-8"), str(file))):
             # `from harness.train import losses` imports the module harness.train.losses (its own layer)
             modules = [f"{target}.{n}" for n in names if is_module(root, f"{target}.{n}")]
@@ -79,10 +107,17 @@ def violations(root: Path) -> list[str]:
             for t in targets:
                 theirs = layer_of(t)
                 if mine and theirs and RANK[theirs] > RANK[mine]:
-                    found.append(f"{file.relative_to(root)}:{line}: {me} ({mine}) imports {t} ({theirs}), a layer above")
+                    found.append(f"{where}:{line}: {me} ({mine}) imports {t} ({theirs}), a layer above")
+                elif method_file and theirs and theirs not in ("core", "common"):
+                    found.append(f"{where}:{line}: method file {me} imports {t}: a method builds only on "
+                                 "harness.core and methods.common")
+                elif not method_file and theirs == "methods" and RANK[mine or "cli"] > RANK["methods"] \
+                        and t != "methods.registry":
+                    found.append(f"{where}:{line}: {me} imports {t}: above the methods, reach a method "
+                                 "through methods.registry")
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private and target != me and layer_of(target):
-                found.append(f"{file.relative_to(root)}:{line}: {me} imports private {', '.join(private)} from {target}")
+                found.append(f"{where}:{line}: {me} imports private {', '.join(private)} from {target}")
     return found
 
 
@@ -92,22 +127,27 @@ def test_every_import_points_down_and_no_private_name_crosses_a_module():
 
 @pytest.mark.parametrize("file,line,needle", [
     ("harness/core/tree.py", "from harness.runs.results import RunDir", "harness.core.tree (core) imports harness.runs.results (runs)"),
+    ("harness/core/decode.py", "from methods.registry import get_method", "harness.core.decode (core) imports methods.registry (methods)"),
     ("methods/pld.py", "    from harness.train import pipeline", "methods.pld (methods) imports harness.train.pipeline (train)"),
     ("harness/runs/regress.py", "from harness.report import tables", "harness.runs.regress (runs) imports harness.report"),
-    ("harness/train/losses.py", "import methods.base", "harness.train.losses (losses) imports methods.base (methods)"),
+    ("methods/common/losses.py", "import methods.eagle", "methods.common.losses (common) imports methods.eagle (methods)"),
     ("methods/gumiho.py", "from methods.eagle import _private_helper", "imports private _private_helper from methods.eagle"),
+    ("methods/eagle2.py", "from methods.eagle import EAGLE1_TREE", "method file methods.eagle2 imports methods.eagle"),
+    ("methods/hydra.py", "from methods.registry import get_method", "method file methods.hydra imports methods.registry"),
+    ("harness/runs/bench.py", "from methods.pld import PromptLookupDrafter",
+     "harness.runs.bench imports methods.pld: above the methods, reach a method through methods.registry"),
+    ("scripts/profile_drafting.py", "from methods.sps import SpeculativeSampling", "scripts.profile_drafting imports methods.sps"),
+    ("scripts/held_out_tau.py", "from harness.train.data import _split", "imports private _split from harness.train.data"),
+    ("examples/ngram_drafter/ngram_drafter/drafter.py", "from harness.runs.runner import Runner",
+     "method file examples.ngram_drafter.ngram_drafter.drafter imports harness.runs.runner"),
 ])
-def test_an_added_upward_import_is_caught(tmp_path, file, line, needle):
+def test_an_added_bad_import_is_caught(tmp_path, file, line, needle):
     """The check is not vacuous: a copy of the sources with one bad import added fails it."""
-    for part in ("cli.py", "harness", "methods"):
-        src = REPO / part
-        if src.is_dir():
-            for f in src.rglob("*.py"):
-                dest = tmp_path / f.relative_to(REPO)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
-        else:
-            (tmp_path / part).write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
+    for f in source_files(REPO):
+        dest = tmp_path / f.relative_to(REPO)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+    assert violations(tmp_path) == []
     bad = tmp_path / file
     bad.write_text(bad.read_text(encoding="utf-8") + "\n\ndef _added():\n" + "    " + line.strip() + "\n")
     found = violations(tmp_path)

@@ -43,7 +43,7 @@ from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, processed_probs, sample
 from harness.runs import law_check
 from harness.runs.law_check import chi2_sf
-from methods.base import Drafter
+from methods.common.base import Drafter
 from tests.conftest import make_tiny_target
 
 VOCAB = 6

@@ -12,7 +12,7 @@ from harness.core.tree import StaticTree
 from harness.train.calibrate import calibrate_tree, save_tree
 from harness.train.data import DistillBatch
 from harness.train.tree_search import accepted_drafts, expected_tau, ranked_candidates, truth_ranks
-from methods.draft_vocab import UNREACHABLE
+from methods.common.draft_vocab import UNREACHABLE
 from methods.hydra import Hydra
 from methods.medusa import Medusa
 from tests.train_helpers import tiny_dataset, tiny_prompts, train_quickly

@@ -251,16 +251,14 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
                           f"identical to eager: {a['compiled_identical_to_eager']}; "
                           f"{a['compiled_floor_share']:.0%} of the bandwidth ceiling")
 
+    if pld or assisted:
+        from methods.registry import get_method
     if pld:
-        from methods.pld import PromptLookupDrafter
-
         result["pld_vs_hf"] = _speculative_contest(
-            tgt, "pld", PromptLookupDrafter(tgt), "HF prompt lookup", {"prompt_lookup_num_tokens": 10},
+            tgt, "pld", get_method("pld")(tgt), "HF prompt lookup", {"prompt_lookup_num_tokens": 10},
             contest_benchmarks, contest_prompts, data, max_new_tokens, repeats, console)
     if assisted:
-        from methods.sps import SpeculativeSampling
-
-        drafter = SpeculativeSampling(tgt, {"draft": assisted})
+        drafter = get_method("sps")(tgt, {"draft": assisted})
         # HF's assisted generation as it ships: its assistant config (20 tokens, constant
         # schedule, stop below 0.4 draft confidence) unless the draft model's own says otherwise.
         result["sps_vs_hf_assisted"] = _speculative_contest(

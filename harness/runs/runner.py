@@ -150,9 +150,12 @@ def check_settings(settings: dict[str, Any], classes: dict[str, type]) -> None:
             continue
         if "." in key:
             name, sub = key.split(".", 1)
-            if name not in classes:
+            # a method given as module:Class is addressed by its declared `name`
+            owners = [c for n, c in classes.items() if name in (n, c.name)]
+            if not owners:
                 raise SpecbenchError(f"--set {key}: method '{name}' is not in this run ({', '.join(classes)})")
-            classes[name].resolve_config({sub: settings[key]})
+            for c in owners:
+                c.resolve_config({sub: settings[key]})
         elif not any(key in c.defaults for c in classes.values()):
             if len(classes) == 1:
                 next(iter(classes.values())).resolve_config({key: settings[key]})  # raises with did-you-mean

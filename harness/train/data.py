@@ -39,7 +39,8 @@ class Sequence:
 HOLDOUT_SHARE = 0.03  # of conversations, by a hash of their opening tokens
 
 
-def _held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
+def is_held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
+    """Whether a conversation (its ids [n]) falls in the held-out `share`, by a hash of its opening."""
     h = hashlib.sha256(ids[:64].numpy().tobytes()).digest()
     return int.from_bytes(h[:4], "little") / 2**32 < share
 
@@ -56,7 +57,7 @@ class FeatureDataset:
             for i in range(len(off) - 1):
                 ids = shard["input_ids"][off[i] : off[i + 1]].long()
                 seq = Sequence(ids, shard["hidden"][off[i] : off[i + 1]], int(shard["prompt_len"][i]))
-                (self.valid if _held_out(i, ids, holdout) else self.train).append(seq)
+                (self.valid if is_held_out(i, ids, holdout) else self.train).append(seq)
 
     @property
     def train_tokens(self) -> int:

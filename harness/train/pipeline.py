@@ -90,7 +90,7 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     import json
 
     from harness.core.paths import repo_relative
-    from methods.checkpoint_io import read_config, read_weights
+    from methods.common.checkpoint_io import read_config, read_weights
 
     if not (folder / "config.json").exists():
         raise SpecbenchError(f"--init-from {folder}: no config.json there; point it at a trained specbench checkpoint")

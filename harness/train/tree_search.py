@@ -24,7 +24,7 @@ from collections import Counter
 
 import torch
 
-from methods.draft_vocab import UNREACHABLE
+from methods.common.draft_vocab import UNREACHABLE
 
 GREEDY_AGREEMENT = 0.95
 

@@ -16,7 +16,7 @@ from torch import nn
 from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import RankChildren, walk_static_tree
-from methods.base import LearnedDrafter
+from methods.common.base import LearnedDrafter
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext

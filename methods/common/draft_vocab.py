@@ -115,7 +115,7 @@ class DraftVocabHead(nn.Module):
                 labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`frozen_head_ce` through the frozen LM head restricted to the draft vocab: soft targets
         are the target's distribution renormalised over it; a hard label outside it is masked."""
-        from harness.train.losses import frozen_head_ce
+        from methods.common.losses import frozen_head_ce
 
         if not self.size:
             return frozen_head_ce(pred, self.target.lm_head.weight, mask, target_hidden=target_hidden, labels=labels)

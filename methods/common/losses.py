@@ -1,4 +1,6 @@
-"""Cross-entropy through the target's frozen LM head, chunked and exact, without storing logits.
+"""The losses drafters compute in their `loss`: EAGLE's feature regression (`masked_smooth_l1`) and
+cross-entropy through the target's frozen LM head (`frozen_head_ce`), chunked and exact, without
+storing logits.
 
 The 49k-vocab projection dominates draft training on a CPU. Autograd would keep every chunk's
 [n, V] logits alive until backward (or recompute them under checkpointing). Because the head is

@@ -4,7 +4,7 @@ plumbing of learned drafters.
 A drafter proposes a tree of draft tokens under the root; it never calls the target's forward
 itself (it may reuse the target's frozen embedding and LM head). The shared loop in
 `harness/core/decode.py` verifies, commits and then shows the drafter what was accepted.
-The draft-vocabulary head lives in `methods/draft_vocab.py`, file I/O in `methods/checkpoint_io.py`.
+The draft-vocabulary head lives in `methods/common/draft_vocab.py`, file I/O in `methods/common/checkpoint_io.py`.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from harness.core.errors import SpecbenchError, did_you_mean
 from harness.core.hashing import config_hash
 from harness.core.packed_linear import WEIGHT_FORMATS
 from harness.core.tree import DraftTree
-from methods import checkpoint_io
-from methods.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_vocab_key
+from methods.common import checkpoint_io
+from methods.common.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_vocab_key
 
 if TYPE_CHECKING:  # annotations only: importing the loop would pull transformers into every drafter import
     from harness.core.decode import Acceptance, DraftContext

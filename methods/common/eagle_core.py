@@ -1,0 +1,245 @@
+"""EAGLE's draft head, shared by EAGLE-1, EAGLE-2 and Gumiho (each only grows its tree differently).
+
+Draft model (as released): x_i = fc([emb(t_{i+1}) ; f_i]) (2H -> H, bias), then `layers` decoder
+layers of the target's own architecture (the first without its input norm, no final norm); the
+output h_{i+1} is trained to equal f_{i+1}, and its tokens come from the target's frozen LM head.
+f is the target's last hidden state after the final norm. The draft keeps its own KV cache of
+committed context only: each cycle it consumes the accepted tokens with their target features
+(`observe`); the rows it writes while expanding a tree are dropped after `propose`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from harness.core.cost_model import TreeSizer, verify_cost_curve
+from harness.core.draft_layers import DecoderStack
+from harness.core.errors import SpecbenchError
+from harness.core.packed_linear import apply_linear
+from methods.common.base import LearnedDrafter
+from methods.common.checkpoint_io import read_config, read_state
+from methods.common.losses import masked_smooth_l1
+
+if TYPE_CHECKING:
+    from harness.core.decode import Acceptance
+    from harness.core.target import TargetOutput
+
+# total_tokens "auto" keeps at most this many draft nodes (the cost curve is measured up to 64 tokens).
+AUTO_MAX_NODES = 63
+
+
+class EagleCore(LearnedDrafter):
+    """fc + decoder layers on (token, feature) pairs, with a draft KV cache of committed context."""
+
+    # draft_vocab: see methods/common/draft_vocab.py (0 = the full target vocab, as the released checkpoints).
+    defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1,
+                                "draft_vocab": 8192, "weights": "native"}
+    arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab")
+    first_input_norm = False
+
+    def __init__(self, target, config: dict[str, Any] | None = None) -> None:
+        super().__init__(target, config)
+        h = target.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=self.config["fc_bias"])
+        self.stack = DecoderStack(target.config, self.config["layers"], first_input_norm=self.first_input_norm,
+                                  final_norm=False, overrides=self.config["layer_config"])
+        self.to(device=target.device)
+        self._cache = None
+        self._last: torch.Tensor | None = None   # draft output at the last committed position
+        self._sizer: TreeSizer | None = None       # total_tokens "auto" (EAGLE-2, Gumiho)
+        self._reach = 0                            # deepest node the last sized tree kept ("auto")
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def fuse(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """fc([emb(token) ; feature]); embedding first, as the released weights expect."""
+        return apply_linear(self.fc, torch.cat([self.target.embed(tokens).to(feats.dtype), feats], dim=-1))
+
+    def draft_forward(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run [n] pairs on top of the draft cache; returns [n, H] outputs (rows stay in the cache)."""
+        x = self.fuse(tokens, feats.to(self._dtype))[None]
+        m = None if mask is None else mask[None, None]
+        return self.stack(x, positions[None], self._cache, m)[0]
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] draft log-probs (-inf outside the draft vocab)."""
+        return self.vocab.draft_logits(hidden).float().log_softmax(-1)
+
+    # ---- decoding state -------------------------------------------------------------------
+    @torch.inference_mode()
+    def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
+        n = prompt.numel()
+        self._cache = self.stack.new_cache(capacity=n + 1024)
+        # Pair (f_i, t_{i+1}): the token is advanced by one; the last pair takes the root.
+        nxt = torch.cat([prompt[1:], torch.tensor([root])]).to(self.target.device)
+        out = self.draft_forward(nxt, prefill.hidden, torch.arange(n, device=self.target.device))
+        self._last = out[-1]
+        if self._sizer is not None:
+            self._sizer.reset()
+        self._reach = 1 << 30  # the first tree of an answer may use every level
+
+    @torch.inference_mode()
+    def observe(self, step: Acceptance) -> None:
+        # Accepted nodes' features pair with the next accepted token; the last with the bonus.
+        toks = torch.cat([step.tokens[1:], torch.tensor([step.bonus])]).to(self.target.device)
+        start = self._cache.length
+        out = self.draft_forward(toks, step.hidden, torch.arange(start, start + toks.numel(), device=toks.device))
+        self._last = out[-1]
+        if self._sizer is not None:
+            self._sizer.observe(step.accepted)
+
+    @classmethod
+    def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
+        """Dynamic trees (EAGLE-2, Gumiho): `total_tokens` counts the root, so N drafts is N + 1."""
+        return {"total_tokens": budget if budget == "auto" else int(budget) + 1}
+
+    def tree_budget(self, scores: list[float]) -> int:
+        """Draft nodes a dynamic tree keeps out of candidates with these cumulative log-probs:
+        `total_tokens - 1`, or with total_tokens "auto" the size that pays most on this machine
+        (the verify cost curve measured here, the answer's own acceptance: harness/core/cost_model)."""
+        total = self.config["total_tokens"]
+        if total != "auto":
+            return int(total) - 1
+        if self._sizer is None:
+            self._sizer = TreeSizer(verify_cost_curve(self.target), max_keep=AUTO_MAX_NODES)
+        return self._sizer.budget(sorted(scores, reverse=True))
+
+    def auto_depth(self, depth: int) -> int:
+        """Depth levels worth drafting this step. A sized tree (total_tokens "auto") keeps only
+        what pays (a few nodes where a wide verify is dear), so drafting levels it never keeps is
+        work for nothing: draft one level deeper than the last tree kept (it can grow back by a
+        level per step). Fixed budgets draft every level."""
+        if self.config["total_tokens"] != "auto":
+            return depth
+        return min(depth, self._reach + 1)
+
+    def note_kept(self, nodes) -> None:
+        """Record the deepest level the sized tree kept (see `auto_depth`)."""
+        self._reach = max((n.depth for n in nodes if not n.borrowed), default=1)
+
+    def tree_mask(self, committed: int, ancestors: list[list[int]], n_tree_rows: int) -> torch.Tensor:
+        """Boolean [q, committed + n_tree_rows + q]: all committed rows, the listed ancestor rows
+        (indices into the tree rows already cached), and itself."""
+        q = len(ancestors)
+        m = torch.zeros(q, committed + n_tree_rows + q, dtype=torch.bool, device=self.target.device)
+        m[:, :committed] = True
+        for i, anc in enumerate(ancestors):
+            for r in anc:
+                m[i, committed + r] = True
+            m[i, committed + n_tree_rows + i] = True
+        return m
+
+    # ---- training -------------------------------------------------------------------------
+    def serial_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """SmoothL1(h_{i+1}, f_{i+1}) + 0.1 soft-CE against the target's distribution, on pairs
+        (f_i noised, t_{i+1}) where t_{i+1} is an answer token. Returns (h, terms); h[:, i] ~ f_{i+1}.
+
+        With `rollout_steps` k > 1 (EAGLE-3's "training-time test"), steps 2..k feed the draft's
+        own predicted features forward as inference does: the chain starting at pair j sees the
+        true context up to j and its own earlier steps, never later true features; step s is
+        scored against f_{j+s} with weight 0.8^(s-1)."""
+        full_mask = batch.loss_mask * batch.attention_mask
+        outs = self.rollout(batch.features, batch.input_ids)
+        total = batch.features.new_zeros(())
+        out: dict[str, torch.Tensor] = {}
+        for step, h in enumerate(outs, start=1):
+            n = h.shape[1]
+            target = batch.target_features[:, step : step + n]
+            mask = full_mask[:, step : step + n]
+            v = masked_smooth_l1(h, target, mask)
+            p, acc = self.vocab.head_ce(h, mask, target_hidden=target)
+            total = total + 0.8 ** (step - 1) * (v + 0.1 * p)
+            sfx = "" if step == 1 else str(step)
+            out.update({f"vloss{sfx}": v.detach(), f"ploss{sfx}": p.detach(), f"acc{sfx}": acc.detach()})
+        out["loss"] = total
+        return outs[0], out
+
+    def rollout(self, features: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Draft outputs per unrolled step: step s for the chain starting at pair j predicts f_{j+s}."""
+        f_in = features[:, :-1]
+        b, t, _ = f_in.shape
+        x0 = self.fuse(input_ids[:, 1:], f_in)
+        pos0 = torch.arange(t, device=f_in.device)
+        outs = [self.stack(x0, pos0[None].expand(b, t))]
+        blocks, positions = [x0], [pos0]
+        for step in range(2, self.config["rollout_steps"] + 1):
+            n = t - (step - 1)
+            if n <= 0:
+                break
+            blocks.append(self.fuse(input_ids[:, step : step + n], outs[-1][:, :n]))
+            positions.append(torch.arange(n, device=f_in.device) + step - 1)
+            x = torch.cat(blocks, dim=1)
+            pos = torch.cat(positions)[None].expand(b, -1)
+            h = self.stack(x, pos, mask=self._rollout_mask([blk.shape[1] for blk in blocks], f_in.device))
+            outs.append(h[:, -n:])
+        return outs
+
+    @staticmethod
+    def _rollout_mask(lengths: list[int], device) -> torch.Tensor:
+        """Boolean [1, 1, Q, Q] over concatenated step blocks: block 0 (true pairs) is causal; a
+        query of step block s for chain j sees true pairs <= j and chain j's own step blocks <= s."""
+        q = sum(lengths)
+        m = torch.zeros(q, q, dtype=torch.bool, device=device)
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        t = lengths[0]
+        m[:t, :t] = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        for s in range(1, len(lengths)):
+            n = lengths[s]
+            rows = starts[s] + torch.arange(n, device=device)
+            m[rows[:, None], torch.arange(t, device=device)[None]] = (
+                torch.arange(t, device=device)[None] <= torch.arange(n, device=device)[:, None])
+            for s2 in range(1, s + 1):
+                m[rows, starts[s2] + torch.arange(n, device=device)] = True
+        return m[None, None]
+
+    def loss(self, batch) -> dict[str, torch.Tensor]:
+        return self.serial_loss(batch)[1]
+
+    # ---- official checkpoints ------------------------------------------------------------
+    @classmethod
+    def map_official(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Released EAGLE keys -> ours: fc.* as is, layers.N.* -> stack.layers.N.*; the copied
+        embedding is dropped (we reuse the target's); rotary buffers are ignored."""
+        out = {}
+        for k, v in state.items():
+            if k.startswith("embed_tokens.") or "rotary_emb" in k:
+                continue
+            out[("stack." + k) if k.startswith("layers.") else k] = v
+        return out
+
+    @classmethod
+    def load_official(cls, folder, target, overrides: dict[str, Any]) -> "EagleCore":
+        state = read_state(folder, cls.weights_name())
+        cfg = read_config(folder, cls.weights_name())
+        if cfg.get("hidden_size", target.hidden_size) != target.hidden_size:
+            raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
+        mapped = cls.map_official(state)
+        layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
+        arch = {"layers": layers, "fc_bias": "fc.bias" in mapped, "layer_config": draft_layer_config(cfg, target),
+                "draft_vocab": 0}
+        drafter = cls(target, {**arch, **overrides})
+        drafter.load_weights(folder, state=mapped)
+        return drafter
+
+
+LAYER_FIELDS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                "hidden_act")
+
+
+def draft_layer_config(draft_cfg: dict, target) -> dict | None:
+    """Fields of a released draft's config.json that differ from the target's (None when none do)."""
+    tc = target.config
+    out = {}
+    for key in LAYER_FIELDS:
+        if key not in draft_cfg:
+            continue
+        have = (tc.rope_parameters or {}).get("rope_theta") if key == "rope_theta" and hasattr(tc, "rope_parameters") \
+            else getattr(tc, key, None)
+        if draft_cfg[key] != have:
+            out[key] = draft_cfg[key]
+    return out or None
