@@ -78,8 +78,7 @@ class Eagle(EagleCore):
             logps, ranked = self.logp(rows), []
             for j, o in enumerate(nodes):
                 q = q_rows[o] = processed_probs(logps[j], sampling.temperature, sampling.top_p)
-                ranked.append(torch.multinomial(q, min(level.need[j], int((q > 0).sum())), replacement=False,
-                                                generator=ctx.generator).tolist())
+                ranked.append(sample_distinct(q, min(level.need[j], int((q > 0).sum())), ctx.generator))
             return ranked
 
         tree = walk_static_tree(ctx.root, self.tree, ctx.max_nodes, rank_children)

@@ -47,11 +47,11 @@ def random_model(config, seed: int, sharpen: float = 8.0):
     return model
 
 
-def write_hub_target(folder: Path, config, seed: int = 0) -> Path:
-    """`folder` as a hub checkpoint of a random `config` model: config.json, model.safetensors,
-    generation_config.json and the tokenizer files. Returns the folder."""
+def write_hub_target(folder: Path, config, seed: int = 0, sharpen: float = 8.0) -> Path:
+    """`folder` as a hub checkpoint of a random `config` model (`random_model`): config.json,
+    model.safetensors, generation_config.json and the tokenizer files. Returns the folder."""
     folder = Path(folder)
-    random_model(config, seed).save_pretrained(folder)
+    random_model(config, seed, sharpen).save_pretrained(folder)
     make_tokenizer(config.vocab_size).save_pretrained(folder)
     return folder
 

@@ -42,11 +42,11 @@ def builtin_methods() -> list[str]:
 
 def perturbed_copy(target, scale: float = 0.02, seed: int = 5):
     """A draft LM for SpS: the target's own weights plus small noise (same vocabulary), on its device."""
-    import copy
-
     from harness.core.target import Target
 
-    model = copy.deepcopy(target.model)
+    with torch.device(target.device):  # a fresh module: a deep copy would also copy packed-weight caches
+        model = type(target.model)(target.model.config).to(target.dtype).eval()
+    model.load_state_dict(target.model.state_dict())
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -52,3 +52,28 @@ def test_official_checkpoint_runs_end_to_end_in_float16(recipe, tmp_path, method
         div = r.get("divergence")
         assert div is None or div["near_tie"], f"{method}: greedy float16 output left AR's by more than a tie: {div}"
     assert all(r["checkpoint_hash"] for r in records if r["method"] == method)  # the official weights, hashed
+
+
+def test_compare_finds_official_checkpoints_by_target_and_method(recipe, tmp_path, monkeypatch):
+    """The recipe's `compare` line: released folders placed as $SPECBENCH_CHECKPOINTS/<target>/<method>
+    (EAGLE-2 reads EAGLE's) are found whatever their weight file is called, and all six methods
+    answer beside AR in one float16 run, tables written."""
+    from cli import app
+
+    target, prompt_file, cfg = recipe
+    monkeypatch.chdir(target.parent)  # the target by a relative name, as a hub id would be
+    ck = tmp_path / "ckpts"
+    for m in ("medusa", "hydra", "eagle", "eagle3", "gumiho"):
+        write_official(m, ck / target.name / m, cfg)
+    monkeypatch.setenv("SPECBENCH_CHECKPOINTS", str(ck))
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "grid"
+    args = ["compare", "--methods", ",".join(METHODS), "--target", target.name, "--dtype", "float16", "--device", "cpu",
+            "--benchmarks", str(prompt_file), "--max-new-tokens", "8", "--out", str(out)]
+    for m in ("eagle2", "eagle3", "gumiho"):
+        args += ["--set", f"{m}.total_tokens=16"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    records = RunDir(out).records()
+    assert {r["method"] for r in records} == {"ar", *METHODS} and len(records) == 2 * (1 + len(METHODS))
+    assert list((out / "tables").glob("*.md"))

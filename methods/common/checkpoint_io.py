@@ -73,6 +73,9 @@ def read_weights(file: Path, method: str | None = None) -> dict[str, torch.Tenso
                              f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); {_refetch(method)}") from None
 
 
+WEIGHT_SUFFIXES = ("safetensors", "bin", "pt")  # what `read_state` reads
+
+
 def read_state(folder: Path, method: str | None = None) -> dict[str, torch.Tensor]:
     """Every weight file of an official-layout folder merged: *.safetensors, else *.bin / *.pt."""
     folder = Path(folder)
@@ -115,7 +118,8 @@ def find_weights(target_name: str, folder_name: str, method: str, trains_as: str
     `target_name` that holds weights; a miss names the `cli.py train` command for `trains_as`."""
     paths = checkpoint_search_paths(target_name, folder_name)
     for p in paths:
-        if (p / "model.safetensors").exists() or (p / "pytorch_model.bin").exists():
+        # ours (model.safetensors) or a released layout (pytorch_model.bin, medusa_lm_head.pt, ...)
+        if any(any(p.glob(f"*.{ext}")) for ext in WEIGHT_SUFFIXES):
             return p
     raise SpecbenchError(
         f"no trained weights for '{method}' on target '{target_name}' (looked in "
