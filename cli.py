@@ -431,6 +431,7 @@ def history(history_file: Optional[Path] = typer.Option(None, "--file", help="hi
     frame = frame.assign(cell=[f"{'*' if m else ''}{v:.4f}" + (f" ({d:.3f})" if d == d else "") for v, d, m in
                                zip(frame["tau"], frame["depth1"], frame["tau_moved"] | frame["depth1_moved"])])
     pivot = frame.pivot(index=["order", "commit"], columns="label", values="cell").sort_index()
+    pivot = pivot[list(dict.fromkeys(frame.sort_values(["rank", "label"])["label"]))]  # methods in table order
     t.add_column("commit")
     for m in pivot.columns:
         t.add_column(f"{m} τ (depth 1)")

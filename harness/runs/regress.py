@@ -439,7 +439,10 @@ def history_frame(file: Path = HISTORY_FILE, target: str | None = None, dtype: s
     out["order"] = out["commit"].map({c: i for i, c in enumerate(order.index)})
     out["label"] = [row_label(m, a, lossy) for m, a, lossy in zip(out["method"], out["acceptance"], out["lossy"])]
     out = out.assign(target=target, dtype=dtype, max_new_tokens=max_new_tokens)  # what the frame holds, for captions
-    out = out.sort_values(["order", "method", "acceptance"]).reset_index(drop=True)
+    from methods.registry import method_info  # lazy: the declared table order of each method
+
+    out["rank"] = [method_info(m).order for m in out["method"]]
+    out = out.sort_values(["order", "rank", "method", "acceptance"]).reset_index(drop=True)
     return mark_moves(out, tolerance)
 
 
