@@ -473,6 +473,47 @@ def list_():
     console.print("[bold]target aliases[/]: " + ", ".join(WHEEL_MODELS))
 
 
+@app.command("check-method")
+@friendly
+def check_method_cmd(
+    method: Annotated[str, typer.Argument(help="a method name (see `cli.py list`) or package.module:Class of a Drafter")],
+    target: Annotated[str, typer.Option(help="smollm2-135m, tiny (random 2-layer Llama, random token prompts) "
+                                        "or any target alias, HF dir, .gguf file or hub id")] = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    device: DeviceOpt = "cpu",
+    data_dir: DataDirOpt = None,
+    prompts: Annotated[int, typer.Option(help="greedy prompts per benchmark (first questions)")] = 2,
+    max_new_tokens: MaxNewTokensOpt = 48,
+    law_samples: Annotated[int, typer.Option(help="samples of the first two tokens at T=1 for the law check")] = 2000,
+    tree_budget: Annotated[str, typer.Option(help="draft tokens per verify the drafter runs with and is held to "
+                                             "(its --tree-budget), auto, or none: as configured")] = "15",
+    checkpoint: Annotated[Optional[str], typer.Option(help="drafter weights: folder or hub id")] = None,
+    random_init: Annotated[bool, typer.Option("--random-init", help="check random (seeded) weights instead of "
+                                              "trained ones (always so on the tiny target)")] = False,
+    set_: SettingsOpt = [],
+    seed: SeedOpt = 0,
+):
+    """Conformance check of one drafter on one target: greedy output = AR, the law at T=1, the tree
+    contract, begin/propose/observe across resumed answers, config keys, checkpoint round trip,
+    draft time; prints a card and exits 0 only if every check passes (1 otherwise)."""
+    from harness.runs.check_method import CheckOptions, check_method, render_card
+    from harness.runs.runner import check_settings, method_overrides, parse_settings, parse_tree_budget
+    from methods.registry import get_method
+
+    cls = get_method(method)
+    settings = parse_settings(set_)
+    check_settings(settings, {method: cls})
+    budget = None if tree_budget == "none" else parse_tree_budget(tree_budget)
+    opts = CheckOptions(target=target, dtype=dtype, device=device, data_dir=data_dir, prompts=prompts,
+                        max_new_tokens=max_new_tokens, law_samples=law_samples, tree_budget=budget,
+                        settings=method_overrides(cls, settings, [method]), checkpoint=checkpoint,
+                        random_init=True if random_init else None, seed=seed)
+    card = check_method(method, opts)
+    for part in render_card(card):
+        console.print(part)
+    raise typer.Exit(0 if card.passed else 1)
+
+
 @app.command("fetch-data")
 @friendly
 def fetch_data(dest: Path = typer.Argument(..., help="folder to write <benchmark>/question.jsonl into"),

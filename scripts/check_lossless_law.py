@@ -30,7 +30,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter, OrderedDict
 from pathlib import Path
 
 import torch
@@ -38,120 +37,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import harness.core.verify as verify_module  # noqa: E402
-from harness.core.decode import Answer, GenerationConfig, generate, prefill, speculative_step  # noqa: E402
+from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.core.verify import Sampling, Verdict, processed_probs, sample  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
-from harness.runs.law_check import pooled_chi2  # noqa: E402
+from harness.runs.law_sampling import ALPHA_FAIR, ForwardReplay, RootMemo, exact_law, law_fit, sample_counts  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 
 PROMPT_BENCHMARKS = ("mt_bench", "gsm8k", "humaneval")
-ALPHA_FAIR, ALPHA_BIASED = 1e-3, 1e-6
-T1_MIN, CELL_MIN = 1e-3, 1e-5
-ROOM = 127  # tokens left after the first one in a 128-token answer
-
-
-class ForwardReplay:
-    """Target.forward that memoises what every sample recomputes. A sample makes at most two target
-    forwards: the prompt's prefill into an empty cache, then one verify on top of exactly that
-    prefix. Both are functions of their inputs alone (the cached prefix is the same prompt), so
-    each distinct input is computed once and its output and new KV rows replayed afterwards
-    (bit-identical to recomputing: same kernels, same inputs, same thread count). Anything else
-    (a second step, another prefix) runs for real. With a deterministic tree per root (top-k trees,
-    pld) a sample then costs one draft; a drafter that samples its tree just misses the memo."""
-
-    def __init__(self, target: Target, prompt: list[int], max_entries: int = 256) -> None:
-        self.real = target.forward
-        self.prompt = torch.tensor(prompt)
-        self.prefill = None
-        self.steps: OrderedDict = OrderedDict()  # LRU: a verify's logits are ~12 MB
-        self.max_entries = max_entries
-        self.pristine = None  # the cache that holds the prompt's prefill and nothing else
-        self.computed = self.replayed = 0
-
-    def __call__(self, input_ids, cache, position_ids=None, tree_mask=None, logits="all", layers=None):
-        n_prompt = self.prompt.numel()
-        if cache.length == 0 and input_ids.numel() == n_prompt and torch.equal(input_ids.cpu(), self.prompt):
-            self.prefill = self._run_or_replay(self.prefill, input_ids, cache, position_ids, tree_mask, logits, layers)
-            self.pristine = cache
-            return self.prefill[0]
-        if cache is self.pristine and cache.length == n_prompt:
-            self.pristine = None
-            key = tuple(None if t is None else (tuple(t.shape), t.cpu().numpy().tobytes())
-                        for t in (input_ids, position_ids, tree_mask)) + (logits, tuple(layers or ()))
-            entry = self.steps.pop(key, None)
-            entry = self._run_or_replay(entry, input_ids, cache, position_ids, tree_mask, logits, layers)
-            self.steps[key] = entry
-            if len(self.steps) > self.max_entries:
-                self.steps.popitem(last=False)
-            return entry[0]
-        self.pristine = None
-        self.computed += 1
-        return self.real(input_ids, cache, position_ids=position_ids, tree_mask=tree_mask, logits=logits,
-                         layers=layers)
-
-    def _run_or_replay(self, entry, input_ids, cache, position_ids, tree_mask, logits, layers):
-        start = cache.length
-        if entry is None:
-            self.computed += 1
-            out = self.real(input_ids, cache, position_ids=position_ids, tree_mask=tree_mask, logits=logits,
-                            layers=layers)
-            kv = [(layer.keys[:, :, start:cache.length].clone(), layer.values[:, :, start:cache.length].clone())
-                  for layer in cache.layers]
-            return out, kv
-        self.replayed += 1
-        out, kv = entry
-        for layer, (k, v) in zip(cache.layers, kv):
-            layer.update(k, v)
-        return entry
-
-
-class RootMemo:
-    """A drafter as the check uses it (one speculative step per sample): `begin` + `propose` run
-    once per root when `propose` draws nothing from the sample's generator, since the tree is then
-    a function of the prompt and the root alone (top-k trees, pld), and once per sample otherwise
-    (EAGLE-1 samples its children at T > 0). Whether the generator was used is checked on every
-    call, from its state, so no drafter is assumed deterministic. Nothing follows the step, so
-    `observe` has nothing to update."""
-
-    def __init__(self, drafter) -> None:
-        self.drafter = drafter
-        self.trees: dict[int, object] = {}
-        self.pending = None
-        self.computed = self.reused = 0
-
-    def begin(self, prompt, prefill, root: int) -> None:
-        self.pending = (prompt, prefill, root)
-
-    def propose(self, ctx):
-        if ctx.root in self.trees:
-            self.reused += 1
-            return self.trees[ctx.root]
-        self.drafter.begin(*self.pending)
-        before = ctx.generator.get_state() if ctx.generator is not None else None
-        tree = self.drafter.propose(ctx)
-        self.computed += 1
-        if before is None or torch.equal(before, ctx.generator.get_state()):
-            self.trees[ctx.root] = tree
-        return tree
-
-    def observe(self, step) -> None:
-        pass
-
-
-@torch.inference_mode()
-def exact_law(target: Target, prompt: list[int], temperature: float, top_p: float) -> dict[tuple[int, int], float]:
-    cache = target.new_cache(capacity=len(prompt) + 4)
-    p1 = processed_probs(target.forward(torch.tensor(prompt), cache, logits="last").logits[-1], temperature, top_p)
-    base = cache.length
-    law = {}
-    for t1 in (p1 >= T1_MIN).nonzero().flatten().tolist():
-        p2 = processed_probs(target.forward(torch.tensor([t1]), cache).logits[-1], temperature, top_p)
-        cache.crop_to(base)
-        joint = float(p1[t1]) * p2
-        for t2 in (joint >= CELL_MIN).nonzero().flatten().tolist():
-            law[(t1, t2)] = float(joint[t2])
-    return law
+ALPHA_BIASED = 1e-6
 
 
 def no_residual_rule(tree, logits, temperature, top_p, generator) -> Verdict:
@@ -172,34 +66,6 @@ def no_residual_rule(tree, logits, temperature, top_p, generator) -> Verdict:
         node = chosen
         path.append(node)
         p = processed_probs(logits[node], temperature, top_p)
-
-
-def sample_counts(target: Target, prompt: list[int], drafter, sampling: Sampling, n: int) -> tuple[Counter, int]:
-    """Counts of (t1, t2) over n samples, and how many samples accepted a draft in the step that
-    made t2. Each sample is the loop's own prefill and first speculative step (seed i), with the
-    room a 128-token answer has, so the drafter proposes its full tree; t2 is that step's first
-    token (an accepted draft or the bonus)."""
-    counts: Counter = Counter()
-    accepted = 0
-    cfg = GenerationConfig(1 + ROOM, sampling)
-    for i in range(n):
-        generator = torch.Generator().manual_seed(i)
-        cache, _, root = prefill(target, prompt, cfg, generator, drafter)
-        if root in target.eos_token_ids:
-            counts[(root, -1)] += 1
-            continue
-        answer = Answer(target, cfg, target.eos_token_ids, [root], list(prompt) + [root])
-        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, ROOM)
-        counts[(root, answer.ids[1])] += 1
-        accepted += step.verdict.accepted > 0
-    return counts, accepted
-
-
-def test(counts: Counter, law: dict, n: int) -> tuple[float, int, float]:
-    cells = list(law)
-    observed = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
-    expected = [n * law[c] for c in cells] + [n * max(0.0, 1.0 - sum(law.values()))]
-    return pooled_chi2(observed, expected)
 
 
 def main() -> int:
@@ -240,7 +106,7 @@ def main() -> int:
                 counts, accepted = sample_counts(target, prompt, drafter, sampling, args.samples)
             finally:
                 verify_module.verify_lossless = real_rule
-            stat, df, p = test(counts, law, args.samples)
+            stat, df, p = law_fit(counts, law, args.samples)
             passed = p < ALPHA_BIASED if biased else p > ALPHA_FAIR
             name = method + (" (biased control: no-residual)" if biased else "")
             # A law that fits while drafts were hardly ever accepted says little about the rule:

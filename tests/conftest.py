@@ -34,30 +34,12 @@ def shared_data() -> Path:
     return path
 
 
-def _tiny_llama(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).float().eval()
-    # Sharpen the output so greedy text is not a flat tie-fest and sampling has structure.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    return model
-
-
 def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0, device=None, dtype=None):
-    """The tiny random Llama as a Target on `device` (default cpu) in `dtype` (default float32)."""
-    import torch
+    """The tiny random Llama (harness/core/tiny_target.py) as a Target on `device` (default cpu) in
+    `dtype` (default float32)."""
+    from harness.core.tiny_target import tiny_target
 
-    from harness.core.target import Target
-
-    device, dtype = torch.device(device or "cpu"), dtype or torch.float32
-    model = _tiny_llama(vocab, hidden, layers, seed).to(device=device, dtype=dtype)
-    return Target(model, None, "tiny-llama", device, dtype)
+    return tiny_target(vocab, hidden, layers, seed, device, dtype, name="tiny-llama")
 
 
 # ---- the device switch: `pytest --device cuda` or SPECBENCH_TEST_DEVICE=cuda ----------------------

@@ -9,15 +9,16 @@ import torch
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.target import Target
+from harness.core.tiny_target import tiny_llama
 from methods.sps import SpeculativeSampling
-from tests.conftest import _tiny_llama, make_tiny_target
+from tests.conftest import make_tiny_target
 from tests.test_exactness import prompts
 
 
 def perturbed_draft(target: Target, scale: float = 0.02, seed: int = 5) -> Target:
     """A draft that mostly agrees with the target: its weights plus small noise (so chains are
     often, not always, accepted: both the commit and the re-sync after a rejection are exercised)."""
-    model = _tiny_llama(target.vocab_size, target.hidden_size, target.num_layers, seed=0)
+    model = tiny_llama(target.vocab_size, target.hidden_size, target.num_layers, seed=0)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

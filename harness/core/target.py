@@ -26,6 +26,7 @@ from harness.core.model_wheels import WHEEL_MODELS, gguf_path
 from harness.core.placement import check_device_map, io_devices
 from harness.core.layer_math import stack_supported
 from harness.core.runtime import DEFAULT_MODE, TargetRuntime, configure_inductor
+from harness.core.tiny_target import TINY_ALIAS, tiny_target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -83,9 +84,10 @@ def resolve_device(name: str) -> torch.device:
 def check_target_spec(spec: str) -> None:
     """Refuse a spec that is no alias, local model or hub id, before anything is loaded."""
     path = Path(spec).expanduser()
-    if spec in WHEEL_MODELS or path.exists() or path.suffix == ".gguf" or re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+    if spec in WHEEL_MODELS or spec == TINY_ALIAS or path.exists() or path.suffix == ".gguf" \
+            or re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         return
-    raise unknown("target", spec, list(WHEEL_MODELS) + ["<hf dir>", "<file.gguf>", "<owner/name>"])
+    raise unknown("target", spec, list(WHEEL_MODELS) + [TINY_ALIAS, "<hf dir>", "<file.gguf>", "<owner/name>"])
 
 
 def _file_digest(path: Path) -> str:
@@ -164,6 +166,8 @@ class Target:
         kwargs = {"dtype": dt}
         if device_map:
             kwargs["device_map"] = device_map
+        if spec == TINY_ALIAS:  # the tiny random test model (harness/core/tiny_target.py)
+            return tiny_target(device=dev, dtype=dt)
         if spec in WHEEL_MODELS:
             src = cls._cached_alias(spec)
             tok = AutoTokenizer.from_pretrained(src)
