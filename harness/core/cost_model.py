@@ -98,8 +98,11 @@ def verify_cost_curve(target, repeats: int = 5) -> list[list[float]]:
         except (ValueError, KeyError):
             pass  # a torn or foreign file: measure again
     from harness.core.machine_meta import CONTENDED_CORES, OtherCpuUse
+    from harness.core.packed_linear import weight_format
 
-    with OtherCpuUse() as others:
+    # "native": a drafter asks for the curve from inside its own calls, which may run on int8 weights;
+    # the target's verify never does.
+    with OtherCpuUse() as others, weight_format("native"):
         ms = forward_cost_ms(target, [CURVE_CONTEXT], list(CURVE_SIZES), repeats)[CURVE_CONTEXT]
     # A cost never falls as k grows: noise below an earlier size is clipped to it.
     curve, floor = [], 0.0
