@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.core.tree import DraftTree
-from harness.core.tree_build import CandidatePool, build_tree
 from methods.common.eagle_core import EagleCore
 
 if TYPE_CHECKING:
@@ -49,33 +48,4 @@ class Eagle2(EagleCore):
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
-        k = self.config["top_k"]
-        # Expansion step s drafts tree level s + 2 (the root pass gives level 1).
-        depth = max(0, self.auto_depth(min(self.config["depth"], ctx.max_nodes - 2) + 1) - 1)
-        dev = self.target.device
-        committed = self._cache.length
-        top_score, top_tok = self.vocab.draft_topk(self._last, k)
-        pool = CandidatePool()
-        beam = pool.add(top_tok.tolist(), top_score.tolist(), [-1] * k)  # candidate ids of the current beam
-        beam_feat = self._last.expand(k, -1)   # output of each beam's parent
-        anc_rows: dict[int, list[int]] = {-1: []}  # candidate -> cached tree rows of it and its ancestors
-        n_rows = 0
-        for step in range(depth):
-            toks = torch.tensor([pool.tokens[c] for c in beam], device=dev)
-            mask = self.tree_mask(committed, [anc_rows[pool.parents[c]] for c in beam], n_rows)
-            pos = torch.full((len(beam),), committed + step, device=dev)
-            out = self.draft_forward(toks, beam_feat, pos, mask)
-            for j, c in enumerate(beam):
-                anc_rows[c] = anc_rows[pool.parents[c]] + [n_rows + j]
-            n_rows += len(beam)
-            child_score, child_tok = self.vocab.draft_topk(out, k)      # [beams, k]
-            cu = torch.tensor([pool.scores[c] for c in beam])[:, None] + child_score.cpu()
-            children = pool.add(child_tok.flatten().tolist(), cu.flatten().tolist(), [c for c in beam for _ in range(k)])
-            best = torch.topk(cu.flatten(), min(k, cu.numel())).indices.tolist()
-            beam = [children[b] for b in best]
-            beam_feat = out[[b // k for b in best]]
-        self._cache.crop_to(committed)
-        self.last_pool_size = len(pool)  # k + depth * k^2 (tests check it)
-        nodes = pool.select(self.tree_budget(pool.scores), ctx.max_nodes)
-        self.note_kept(nodes)
-        return build_tree(ctx.root, nodes)
+        return self.dynamic_tree(ctx)

@@ -262,7 +262,7 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
     if drafter is not None and not answer.finished:
         rows = torch.tensor(path, device=verified.hidden.device)
         with drafting_weights(drafter):
-            layers = {i: h[rows] for i, h in verified.layers.items()} if verified.layers else None
+            layers = {i: h[rows.to(h.device)] for i, h in verified.layers.items()} if verified.layers else None
             drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[rows], verdict.bonus,
                                        verified.logits[rows], layers))
     t_done = clock.now()

@@ -72,18 +72,20 @@ KVStore = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tenso
 
 
 def layer_step(layer: nn.Module, fused: FusedWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               store: KVStore, mask: torch.Tensor | None) -> torch.Tensor:
+               store: KVStore, mask: torch.Tensor | None, attn_in: torch.Tensor | None = None) -> torch.Tensor:
     """x [B, T, H] -> x [B, T, H] through one decoder layer.
 
     cos, sin: rotary embeddings of x's positions [B, T, head_dim]; store(k, v) keeps this step's
     keys and values ([B, kv_heads, T, head_dim]) and returns the K/V rows attention sees
     ([B, kv_heads, S, head_dim]); mask: bool [B, 1, T, S], True where attention is allowed, or
-    None (every row sees every stored row: one query row)."""
+    None (every row sees every stored row: one query row). attn_in [B, T, D]: what q/k/v read
+    when it is not input_layernorm(x) (EAGLE-3's [norm(embedding) ; norm(x)], D = 2H); x stays
+    the residual."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     b, t, _ = x.shape
     attn = layer.self_attn
-    h = layer.input_layernorm(x)
+    h = layer.input_layernorm(x) if attn_in is None else attn_in
     q, k, v = fused.qkv(h).split(
         [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features], dim=-1)
     q = q.view(b, t, -1, attn.head_dim).transpose(1, 2)

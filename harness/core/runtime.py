@@ -13,9 +13,10 @@ baseline is never handicapped) and the draft layers of EAGLE, EAGLE-2, Gumiho an
     dynamic dimension so a growing cache never recompiles. On that EPYC max-autotune's GEMMs are
     unpacked `aten::mm`: 31.3 ms for one token and 77.9 ms for 32, so it stays opt-in (it may pay
     on other machines: measure with `cli.py bench --compile`).
-A prefill (an empty cache: long, once per answer) and target forwards asking for extra layers run
-transformers' path on the same cache. tests/test_compiled.py and tests/test_draft_layers.py hold
-both ways to transformers' layers within float32 rounding, and greedy speculative decoding to AR.
+A prefill (an empty cache: long, once per answer) runs transformers' path on the same cache; a
+step may also hand back the inputs of chosen layers (`capture`: EAGLE-3's features).
+tests/test_compiled.py and tests/test_draft_layers.py hold both ways to transformers' layers
+within float32 rounding, and greedy speculative decoding to AR.
 """
 from __future__ import annotations
 
@@ -139,6 +140,7 @@ class StackRuntime:
         self.fused = [fuse_weights(layer, pack=mode is None) for layer in layers]
         self._forward = self._step if mode is None else torch.compile(self._step, mode=mode, fullgraph=True)
         self.compiled_buckets: set[int] = set()
+        self.captures: set[tuple[int, ...]] = {()}  # layer sets steps captured (each its own graphs)
 
     @property
     def name(self) -> str:
@@ -153,9 +155,11 @@ class StackRuntime:
         """Whether an n-row step on `cache` runs here (an empty cache is a prefill: transformers' path)."""
         return isinstance(cache, RuntimeCache) and cache.length > 0 and (self.mode is None or bucket(n) is not None)
 
-    def run(self, x: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor, mask: torch.Tensor | None):
+    def run(self, x: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor, mask: torch.Tensor | None,
+            capture: tuple[int, ...] = ()):
         """x [n, H] layer inputs, position_ids [n], mask as `padded_mask` takes it -> `post`'s output
-        for the n rows (each tensor [n, ...]); the n rows are appended to the cache."""
+        for the n rows (each tensor [n, ...]); the n rows are appended to the cache. With `capture`
+        (layer indices), returns (that output, [the input of each captured layer, [n, H]])."""
         n = x.shape[0]
         nb = n if self.mode is None else bucket(n)
         start = cache.length
@@ -167,13 +171,17 @@ class StackRuntime:
         if self.mode is not None:
             torch._dynamo.mark_dynamic(full, 3)
             self.compiled_buckets.add(nb)
+            self.captures.add(capture)
         cache.reserve(start + nb)
         keys, values = cache.buffers()
         out = self._forward(x_b[None].to(self.device), pos_b[None].to(self.device),
-                            torch.arange(start, start + nb, device=self.device), full, keys, values)
+                            torch.arange(start, start + nb, device=self.device), full, keys, values, capture)
         for layer in cache.layers:
             layer.length = start + n
-        return tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:n]
+        if capture:
+            out, taken = out
+        out = tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:n]
+        return (out, [t[:n] for t in taken]) if capture else out
 
     def warm_up(self, rows: list[int], capacity: int = 512) -> None:
         """Compile the buckets of these row counts now, so that no timed answer pays for it (eager: nothing to do)."""
@@ -184,9 +192,11 @@ class StackRuntime:
                 cache = self.new_cache(capacity)
                 for layer in cache.layers:  # one committed row: a step, not a prefill
                     layer.length = 1
-                for _ in range(2):  # the second call checks the cached graph is reused, at another length
-                    x = torch.zeros(nb, self.hidden_size, dtype=self.dtype, device=self.device)
-                    self.run(x, cache, torch.arange(cache.length, cache.length + nb, device=self.device), None)
+                for capture in sorted(self.captures):
+                    for _ in range(2):  # the second call checks the cached graph is reused, at another length
+                        x = torch.zeros(nb, self.hidden_size, dtype=self.dtype, device=self.device)
+                        self.run(x, cache, torch.arange(cache.length, cache.length + nb, device=self.device), None,
+                                 capture)
 
     def warm_up_to(self, max_rows: int) -> None:
         """Compile every bucket a step of up to `max_rows` rows uses (bench and profiling time them all)."""
@@ -199,19 +209,25 @@ class StackRuntime:
             self.warm_up_to(max(self.compiled_buckets))
 
     def _step(self, x: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor,
-              keys: list[torch.Tensor], values: list[torch.Tensor]):
+              keys: list[torch.Tensor], values: list[torch.Tensor], capture: tuple[int, ...] = ()):
         """x [1, nb, H], pos [1, nb]; write [nb] cache rows of this step; mask [1, 1, nb, S] bool with
         S = write[-1] + 1 (None: one row that sees every cached row, eager only); keys, values: per layer [kv_heads, capacity, head_dim], written in place.
-        Returns `post` of the last layer's output [nb, H]."""
+        Returns `post` of the last layer's output [nb, H]; with `capture`, (that, the inputs [nb, H]
+        of the captured layers in `capture`'s order)."""
         cos, sin = self.rotary_emb(x, position_ids=pos)
         seen = int(write[-1]) + 1 if mask is None else mask.shape[-1]
+        taken = {}
         for i, layer in enumerate(self.layers):
+            if i in capture:
+                taken[i] = x[0]
             def store(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
                 keys[i].index_copy_(1, write, k[0])
                 values[i].index_copy_(1, write, v[0])
                 return keys[i][None, :, :seen], values[i][None, :, :seen]
 
             x = layer_step(layer, self.fused[i], x, cos, sin, store, mask)
+        if capture:
+            return self.post(x[0]), [taken[i] for i in capture]
         return self.post(x[0])
 
 
@@ -234,7 +250,13 @@ class TargetRuntime(StackRuntime):
         return hidden, self.target.lm_head(hidden)
 
     def forward(self, ids: torch.Tensor, cache: RuntimeCache, position_ids: torch.Tensor,
-                tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [n], position_ids [n], tree_mask [n, n] bool or None (causal) -> (hidden [n, H], logits [n, V]),
-        the n rows appended to the cache like transformers' forward does."""
-        return self.run(self.target.backbone.embed_tokens(ids.to(self.device)), cache, position_ids, tree_mask)
+                tree_mask: torch.Tensor | None, layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor] | None]:
+        """ids [n], position_ids [n], tree_mask [n, n] bool or None (causal) -> (hidden [n, H], logits [n, V],
+        {i: input of decoder layer i [n, H]} for i in `layers`, or None), the n rows appended to the
+        cache like transformers' forward does."""
+        x = self.target.backbone.embed_tokens(ids.to(self.device))
+        if not layers:
+            return (*self.run(x, cache, position_ids, tree_mask), None)
+        (hidden, logits), taken = self.run(x, cache, position_ids, tree_mask, tuple(layers))
+        return hidden, logits, dict(zip(layers, taken))

@@ -308,9 +308,10 @@ class Target:
         start = cache.length
         if position_ids is None:
             position_ids = torch.arange(start, start + n, device=self.input_device)
-        if self.runtime is not None and not layers and self.runtime.handles(cache, n):  # a prefill runs eagerly
-            hidden, lg = self.runtime.forward(ids[0], cache, position_ids.reshape(-1), tree_mask)
-            return TargetOutput({"all": lg, "last": lg[-1:], "none": None}[logits], hidden)
+        if self.runtime is not None and self.runtime.handles(cache, n):  # a prefill runs transformers' path
+            hidden, lg, extra = self.runtime.forward(ids[0], cache, position_ids.reshape(-1), tree_mask,
+                                                     tuple(layers or ()))
+            return TargetOutput({"all": lg, "last": lg[-1:], "none": None}[logits], hidden, extra)
         position_ids = position_ids.reshape(1, -1).to(self.input_device)
         mask = None
         if tree_mask is not None:

@@ -16,13 +16,16 @@ import torch
 class DistillBatch:
     """input_ids [B, T]; features [B, T, H] target last-layer normed hidden states (with input
     noise when the trainer adds it); target_features [B, T, H] the clean ones; loss_mask [B, T]
-    1 on assistant tokens; attention_mask [B, T] 1 on real tokens (right padding)."""
+    1 on assistant tokens; attention_mask [B, T] 1 on real tokens (right padding);
+    layer_features [B, T, k*H] the inputs of the target layers a drafter reads besides (its
+    `target_layers()`, concatenated in that order; EAGLE-3), None for the others."""
 
     input_ids: torch.Tensor
     features: torch.Tensor
     target_features: torch.Tensor
     loss_mask: torch.Tensor
     attention_mask: torch.Tensor
+    layer_features: torch.Tensor | None = None
 
     @property
     def tokens(self) -> int:
@@ -34,6 +37,7 @@ class Sequence:
     ids: torch.Tensor       # [n] long
     hidden: torch.Tensor    # [n, H] bf16
     prompt_len: int
+    layers: torch.Tensor | None = None  # [n, k*H] bf16: the extra layers' inputs, concatenated
 
 
 HOLDOUT_SHARE = 0.03  # of conversations, by a hash of their opening tokens
@@ -49,14 +53,18 @@ class FeatureDataset:
     """All feature shards in memory (1 M tokens x 576 x bf16 is ~1.2 GB), split train/held-out by a
     hash of each conversation's opening tokens (stable across machines and shard orders)."""
 
-    def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE) -> None:
+    def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE,
+                 layers: list[int] | None = None) -> None:
+        """`layers`: also keep these extra layers' inputs (shard keys `layer_<i>`, see features.py)."""
         self.train: list[Sequence] = []
         self.valid: list[Sequence] = []
         for shard in shards:
             off = shard["offsets"].tolist()
+            extra = torch.cat([shard[f"layer_{i}"] for i in layers], dim=-1) if layers else None
             for i in range(len(off) - 1):
                 ids = shard["input_ids"][off[i] : off[i + 1]].long()
-                seq = Sequence(ids, shard["hidden"][off[i] : off[i + 1]], int(shard["prompt_len"][i]))
+                seq = Sequence(ids, shard["hidden"][off[i] : off[i + 1]], int(shard["prompt_len"][i]),
+                               None if extra is None else extra[off[i] : off[i + 1]])
                 (self.valid if is_held_out(i, ids, holdout) else self.train).append(seq)
 
     @property
@@ -85,6 +93,7 @@ def collate(seqs: list[Sequence], max_len: int) -> DistillBatch:
     feats = torch.zeros(b, width, h, dtype=torch.bfloat16)
     loss = torch.zeros(b, width)
     att = torch.zeros(b, width)
+    extra = None if seqs[0].layers is None else torch.zeros(b, width, seqs[0].layers.shape[-1], dtype=torch.bfloat16)
     for r, s in enumerate(seqs):
         n = len(s.ids)
         # Long conversations keep their last max_len tokens: that is where the answer is.
@@ -92,10 +101,12 @@ def collate(seqs: list[Sequence], max_len: int) -> DistillBatch:
         m = n - start
         ids[r, :m] = s.ids[start:]
         feats[r, :m] = s.hidden[start:]
+        if extra is not None:
+            extra[r, :m] = s.layers[start:]
         att[r, :m] = 1
         loss[r, max(0, s.prompt_len - start) : m] = 1
     f = feats.float()
-    return DistillBatch(ids, f, f, loss, att)
+    return DistillBatch(ids, f, f, loss, att, None if extra is None else extra.float())
 
 
 def batches(seqs: list[Sequence], tokens_per_batch: int, max_len: int, seed: int, epoch: int):

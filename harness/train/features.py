@@ -21,10 +21,12 @@ from harness.core.target import cache_root
 from harness.train.distill import Conversations, read_prompts, record_ids
 
 
-def feature_dir(target, distill_dir: Path, manifest: dict | None = None) -> Path:
+def feature_dir(target, distill_dir: Path, manifest: dict | None = None, layers: list[int] | None = None) -> Path:
+    """The shards' folder; shards that also hold extra `layers` have their own (`...-L2-15-27`)."""
     manifest = manifest or json.loads((distill_dir / "manifest.json").read_text())
     dt = str(target.dtype).replace("torch.", "")
-    return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}"
+    extra = "".join(f"-L{i}" if not n else f"-{i}" for n, i in enumerate(layers or []))
+    return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}{extra}"
 
 
 def _conversations(target, shard: Path, convs: Conversations) -> list[tuple[list[int], int]]:
@@ -50,7 +52,7 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
     manifest = json.loads((distill_dir / "manifest.json").read_text())
     if manifest.get("vocab_hash") != target.vocab_hash():
         raise SpecbenchError(f"{distill_dir} was distilled with another tokenizer than target '{target.name}'")
-    out = feature_dir(target, distill_dir, manifest)
+    out = feature_dir(target, distill_dir, manifest, layers)
     out.mkdir(parents=True, exist_ok=True)
     convs = Conversations(target, read_prompts(prompts_file), manifest.get("plan", {}), distill_dir)
     files = sorted(distill_dir.glob("shard-*.jsonl"))[:shards]

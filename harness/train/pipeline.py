@@ -37,8 +37,8 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     if cls.weights_from:
         raise SpecbenchError(f"method '{method}' uses the weights of '{cls.weights_from}': train that one")
     config = cls.resolve_config(overrides)
-    dataset = load_dataset(target, data, prompts, console, shards)
     drafter = cls(target, overrides)
+    dataset = load_dataset(target, data, prompts, console, shards, drafter.target_layers() or None)
     if drafter.draft_vocab_size:
         from harness.train.data import frequent_answer_tokens
 
@@ -67,20 +67,21 @@ def distill_folders(target, data: list[Path] | None) -> list[Path]:
 
 
 def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
-                 console: Console | None = None, shards: int | None = None):
+                 console: Console | None = None, shards: int | None = None, layers: list[int] | None = None):
     """The shared distilled dataset of one or more distill folders (default datasets/distill/<target>;
     the first `shards` shards of each, if given) with its train/held-out split; features are
-    extracted first. The split hashes a conversation's opening, so a follow-up conversation lands
-    on the same side as its first turn."""
+    extracted first (with the inputs of target `layers` too, for drafters that read them: EAGLE-3).
+    The split hashes a conversation's opening, so a follow-up conversation lands on the same side
+    as its first turn."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
 
     loaded = []
     with Progress(console=console or Console(stderr=True)) as progress:
         for folder in distill_folders(target, data):
-            feats = extract_features(target, folder, prompts, progress=progress, shards=shards)
+            feats = extract_features(target, folder, prompts, progress=progress, shards=shards, layers=layers)
             loaded += load_feature_shards(feats, shards)
-    return FeatureDataset(loaded)
+    return FeatureDataset(loaded, layers=layers)
 
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:

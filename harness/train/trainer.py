@@ -154,8 +154,9 @@ class Trainer:
         return batch
 
     def _to(self, batch):
-        for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask"):
-            setattr(batch, name, getattr(batch, name).to(self.device))
+        for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask", "layer_features"):
+            if getattr(batch, name) is not None:
+                setattr(batch, name, getattr(batch, name).to(self.device))
         return batch
 
     def _loss(self, batch) -> dict[str, torch.Tensor]:

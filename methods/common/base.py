@@ -8,6 +8,7 @@ The draft-vocabulary head lives in `methods/common/draft_vocab.py`, file I/O in 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -44,11 +45,19 @@ class Drafter(nn.Module):
     order: ClassVar[int] = 100            # position in tables (paper order; lower first)
     acceptance_rules: ClassVar[tuple[str, ...]] = ("greedy", "lossless")
     checkpoint_layout: ClassVar[str] = ""  # official checkpoint layout it loads, one line
+    # Target layers whose inputs (residual states) the drafter reads at prefill and at every verify,
+    # beside the last normed hidden state, as a function of the target's layer count (EAGLE-3:
+    # 2, L//2, L-3); None: none. The loop passes them on as `TargetOutput.layers` / `Acceptance.layers`.
+    feature_layers: ClassVar[Callable[[int], tuple[int, ...]] | None] = None
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.target = target
         self.config = self.resolve_config(config or {})
+
+    def target_layers(self) -> list[int]:
+        """`feature_layers` for this drafter's target (empty when it reads none)."""
+        return [] if self.feature_layers is None else list(self.feature_layers(self.target.num_layers))
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -18,12 +18,14 @@ from harness.core.cost_model import TreeSizer, verify_cost_curve
 from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError
 from harness.core.packed_linear import apply_linear
+from harness.core.tree import DraftTree
+from harness.core.tree_build import CandidatePool, build_tree
 from methods.common.base import LearnedDrafter
 from methods.common.checkpoint_io import read_config, read_state
 from methods.common.losses import masked_smooth_l1
 
 if TYPE_CHECKING:
-    from harness.core.decode import Acceptance
+    from harness.core.decode import Acceptance, DraftContext
     from harness.core.target import TargetOutput
 
 # total_tokens "auto" keeps at most this many draft nodes (the cost curve is measured up to 64 tokens).
@@ -41,15 +43,19 @@ class EagleCore(LearnedDrafter):
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
-        h = target.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=self.config["fc_bias"])
-        self.stack = DecoderStack(target.config, self.config["layers"], first_input_norm=self.first_input_norm,
-                                  final_norm=False, overrides=self.config["layer_config"])
+        self.build_draft_model()
         self.to(device=target.device)
         self._cache = None
         self._last: torch.Tensor | None = None   # draft output at the last committed position
         self._sizer: TreeSizer | None = None       # total_tokens "auto" (EAGLE-2, Gumiho)
         self._reach = 0                            # deepest node the last sized tree kept ("auto")
+
+    def build_draft_model(self) -> None:
+        """The draft model's modules: fc (2H -> H) and `layers` decoder layers (EAGLE-3 builds its own)."""
+        h = self.target.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=self.config["fc_bias"])
+        self.stack = DecoderStack(self.target.config, self.config["layers"], first_input_norm=self.first_input_norm,
+                                  final_norm=False, overrides=self.config["layer_config"])
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -66,18 +72,32 @@ class EagleCore(LearnedDrafter):
         m = None if mask is None else mask[None, None]
         return self.stack(x, positions[None], self._cache, m)[0]
 
+    def draft_topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """([..., k] draft log-probs, [..., k] target token ids) of the k best drafts per row of
+        draft outputs [..., H] (here through the target's head over the draft vocab)."""
+        return self.vocab.draft_topk(hidden, k)
+
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] draft log-probs (-inf outside the draft vocab)."""
         return self.vocab.draft_logits(hidden).float().log_softmax(-1)
 
     # ---- decoding state -------------------------------------------------------------------
+    def new_draft_cache(self, capacity: int):
+        """The draft's KV cache of committed context (its layers' own kind when compiled)."""
+        return self.stack.new_cache(capacity=capacity)
+
+    def committed_features(self, source: TargetOutput | Acceptance) -> torch.Tensor:
+        """[n, H] what `draft_forward` pairs with committed tokens, from a prefill or a verify step's
+        accepted path: the target's last normed hidden state (EAGLE-3 fuses three layers instead)."""
+        return source.hidden
+
     @torch.inference_mode()
     def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
         n = prompt.numel()
-        self._cache = self.stack.new_cache(capacity=n + 1024)
+        self._cache = self.new_draft_cache(n + 1024)
         # Pair (f_i, t_{i+1}): the token is advanced by one; the last pair takes the root.
         nxt = torch.cat([prompt[1:], torch.tensor([root])]).to(self.target.device)
-        out = self.draft_forward(nxt, prefill.hidden, torch.arange(n, device=self.target.device))
+        out = self.draft_forward(nxt, self.committed_features(prefill), torch.arange(n, device=self.target.device))
         self._last = out[-1]
         if self._sizer is not None:
             self._sizer.reset()
@@ -88,7 +108,8 @@ class EagleCore(LearnedDrafter):
         # Accepted nodes' features pair with the next accepted token; the last with the bonus.
         toks = torch.cat([step.tokens[1:], torch.tensor([step.bonus])]).to(self.target.device)
         start = self._cache.length
-        out = self.draft_forward(toks, step.hidden, torch.arange(start, start + toks.numel(), device=toks.device))
+        out = self.draft_forward(toks, self.committed_features(step),
+                                 torch.arange(start, start + toks.numel(), device=toks.device))
         self._last = out[-1]
         if self._sizer is not None:
             self._sizer.observe(step.accepted)
@@ -133,6 +154,41 @@ class EagleCore(LearnedDrafter):
                 m[i, committed + r] = True
             m[i, committed + n_tree_rows + i] = True
         return m
+
+    # ---- EAGLE-2's dynamic tree (EAGLE-2 and EAGLE-3) ------------------------------------
+    def dynamic_tree(self, ctx: DraftContext) -> DraftTree:
+        """EAGLE-2's tree (methods/eagle2.py says how): `top_k` beams expanded `depth` times, every
+        child pooled with its cumulative draft log-prob, the best `tree_budget` of them kept."""
+        k = self.config["top_k"]
+        # Expansion step s drafts tree level s + 2 (the root pass gives level 1).
+        depth = max(0, self.auto_depth(min(self.config["depth"], ctx.max_nodes - 2) + 1) - 1)
+        dev = self.target.device
+        committed = self._cache.length
+        top_score, top_tok = self.draft_topk(self._last, k)
+        pool = CandidatePool()
+        beam = pool.add(top_tok.tolist(), top_score.tolist(), [-1] * k)  # candidate ids of the current beam
+        beam_feat = self._last.expand(k, -1)   # output of each beam's parent
+        anc_rows: dict[int, list[int]] = {-1: []}  # candidate -> cached tree rows of it and its ancestors
+        n_rows = 0
+        for step in range(depth):
+            toks = torch.tensor([pool.tokens[c] for c in beam], device=dev)
+            mask = self.tree_mask(committed, [anc_rows[pool.parents[c]] for c in beam], n_rows)
+            pos = torch.full((len(beam),), committed + step, device=dev)
+            out = self.draft_forward(toks, beam_feat, pos, mask)
+            for j, c in enumerate(beam):
+                anc_rows[c] = anc_rows[pool.parents[c]] + [n_rows + j]
+            n_rows += len(beam)
+            child_score, child_tok = self.draft_topk(out, k)      # [beams, k]
+            cu = torch.tensor([pool.scores[c] for c in beam])[:, None] + child_score.cpu()
+            children = pool.add(child_tok.flatten().tolist(), cu.flatten().tolist(), [c for c in beam for _ in range(k)])
+            best = torch.topk(cu.flatten(), min(k, cu.numel())).indices.tolist()
+            beam = [children[b] for b in best]
+            beam_feat = out[[b // k for b in best]]
+        self._cache.crop_to(committed)
+        self.last_pool_size = len(pool)  # k + depth * k^2 (tests check it)
+        nodes = pool.select(self.tree_budget(pool.scores), ctx.max_nodes)
+        self.note_kept(nodes)
+        return build_tree(ctx.root, nodes)
 
     # ---- training -------------------------------------------------------------------------
     def serial_loss(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
