@@ -13,7 +13,8 @@ inference key; `preset=paper` selects the official behaviour and tree settings):
                        attend to those borrowed nodes (their logits come from another context:
                        not lossless, and the harness shows it as mismatches); exact makes the
                        borrowed tokens real nodes under the short path's leaf, dropping the
-                       lowest-scored nodes to stay within the token budget.
+                       lowest-scored nodes to stay within the token budget and refilling the
+                       slots that frees with the next-best candidates (`fta_exact`).
   mlp_row_alignment    parent (default): slot 1 of MLP row r is the true parent of depth-2 beam r;
                        paper: the r-th depth-1 token in score order (usually another path).
   serial_sibling_mask  eagle2 (default): each depth-1 beam sees only its ancestors; paper: none
@@ -202,8 +203,8 @@ class Gumiho(EagleCore):
         budget = self.tree_budget(pool.scores)
         nodes = pool.select(budget, ctx.max_nodes)
         self.note_kept(nodes)
-        if cfg["fta"] == "exact":
-            nodes = fta_exact(nodes, budget)
+        if cfg["fta"] == "exact":  # from every candidate: what the padding frees is refilled
+            nodes = fta_exact(pool.select(len(pool), ctx.max_nodes), budget)
         tree = build_tree(ctx.root, nodes)
         return fta_paper(tree) if cfg["fta"] == "paper" else tree
 
@@ -245,35 +246,54 @@ def _trunk(nodes: list[Node]) -> dict[int, int]:
     return best
 
 
-def fta_exact(nodes: list[Node], budget: int) -> list[Node]:
-    """Lossless full tree attention: under every leaf shallower than the tree, chain real copies of
-    the trunk tokens of the deeper levels (so their logits are computed in the right context);
-    while over budget, drop the lowest-scored leaf of the original tree and recompute."""
-    nodes = list(nodes)
-    while True:
-        if not nodes:
-            return nodes
-        max_depth = max(n.depth for n in nodes)
-        trunk = _trunk(nodes)
-        has_child = {n.parent for n in nodes}
-        leaves = [i for i in range(len(nodes)) if i not in has_child and nodes[i].depth < max_depth]
-        extra = sum(max_depth - nodes[i].depth for i in leaves)
-        if len(nodes) + extra <= budget or len(nodes) <= 1:
+def fta_exact(candidates: list[Node], budget: int) -> list[Node]:
+    """Lossless full tree attention over a pool's candidates (all of them, parents first: the
+    `CandidatePool.select` of the whole pool). The real nodes start as the `budget` best; under
+    every leaf shallower than the deepest, real copies of the trunk tokens of the deeper levels are
+    chained (so their logits are computed in the right context); while that is over budget, the
+    lowest-scored leaf is dropped. The slots this frees (a dropped leaf takes its chain with it) are
+    then refilled with the next-best candidates whose parent is in the tree: one under a padded leaf
+    takes that leaf's chain over (a real draft in place of a borrowed copy, at no slot's cost), any
+    other gets as much chain as still fits. So the tree verifies `budget` nodes whenever the pool
+    has that many, as the tree without FTA does."""
+    kids: dict[int, list[int]] = {}
+    for i, n in enumerate(candidates):
+        kids.setdefault(n.parent, []).append(i)
+    order = sorted(range(len(candidates)), key=lambda i: -candidates[i].score)  # stable: as `rerank`
+    real = set(order[:budget])
+
+    def leaf(i: int) -> bool:
+        return not any(c in real for c in kids.get(i, ()))
+
+    while True:  # pad every short leaf to the deepest level; over budget, drop the worst leaf
+        depth = max((candidates[i].depth for i in real), default=0)
+        chains = {i: depth - candidates[i].depth for i in sorted(real) if leaf(i)}
+        free = budget - len(real) - sum(chains.values())
+        if free >= 0 or len(real) <= 1:
             break
-        all_leaves = [i for i in range(len(nodes)) if i not in has_child]
-        drop = min(all_leaves, key=lambda i: nodes[i].score)
-        remap, kept = {}, []
-        for i, n in enumerate(nodes):
-            if i == drop:
-                continue
-            remap[i] = len(kept)
-            kept.append(replace(n, parent=-1 if n.parent == -1 else remap[n.parent]))
-        nodes = kept
-    out = list(nodes)
-    for leaf in leaves:
-        par = leaf
-        for d in range(nodes[leaf].depth + 1, max_depth + 1):
-            src = nodes[trunk[d]]
+        real.discard(min(chains, key=lambda i: candidates[i].score))
+    for i in order:  # refill what was freed, best candidates first
+        par = candidates[i].parent
+        if i in real or (par != -1 and par not in real):
+            continue
+        reclaimed = chains.get(par, 0)  # a padded leaf parent's chain goes over to i
+        room = free - 1 + reclaimed     # the chain that still fits under i
+        if room < 0:
+            continue
+        chains.pop(par, None)
+        chains[i] = min(max(0, depth - candidates[i].depth), room)
+        real.add(i)
+        free -= 1 + chains[i] - reclaimed
+    index: dict[int, int] = {}
+    out: list[Node] = []
+    for i in sorted(real):
+        index[i] = len(out)
+        out.append(replace(candidates[i], parent=-1 if candidates[i].parent == -1 else index[candidates[i].parent]))
+    trunk = _trunk(out)
+    for i, length in chains.items():
+        par = index[i]
+        for d in range(candidates[i].depth + 1, candidates[i].depth + length + 1):
+            src = out[trunk[d]]
             out.append(Node(src.token, par, src.score, d, borrowed=True))
             par = len(out) - 1
     # Keep parents before children: order by depth (stable), remapping parent indices.

@@ -87,8 +87,48 @@ def test_fta_exact_never_attends_outside_ancestors():
         node = tree.children[node][0]
         chain.append(int(tree.tokens[node]))
     assert chain == [3, 4, 5]
-    # A tight budget drops the lowest-scored leaf instead of exceeding it.
-    assert len(fta_exact(nodes, budget=5)) <= 5
+    # A tight budget drops the lowest-scored leaf instead of exceeding it, then refills the slots that
+    # frees: budget 5 keeps x without padding, budget 7 gives it a chain of 2 (trunk tokens 3, 4).
+    for budget, borrowed in ((5, 0), (7, 2)):
+        out = fta_exact(nodes, budget=budget)
+        tree = build_tree(0, out)
+        assert len(out) == budget and sum(n.borrowed for n in out) == borrowed
+        assert sorted(n.token for n in out if not n.borrowed) == [1, 2, 3, 4, 5]
+        assert torch.equal(tree.attention_mask, tree.ancestor_mask)
+
+
+def test_fta_exact_refills_freed_slots_with_the_next_best_candidates():
+    """Candidates beyond those the padding left fill what it freed: the best next one gets the chain
+    that fits, and one under a padded leaf takes that leaf's chain over at no slot's cost."""
+    # a(d1) -> b(d2) -> c(d3); x(d1) -> x1(d2), scored below the a-b-c trunk.
+    nodes = [Node(1, -1, -0.1, 1), Node(2, 0, -0.2, 2), Node(3, 1, -0.3, 3), Node(7, -1, -1.0, 1),
+             Node(8, 3, -1.1, 2)]
+    # All five pad x1 by one: over by one. x1 goes, then x (padded by two): 2 slots free. x comes back
+    # with one copy of the trunk's depth-2 token, and x1 takes that copy's slot over.
+    out = fta_exact(nodes, budget=5)
+    assert [(n.token, n.depth, n.borrowed) for n in out] == [(1, 1, False), (7, 1, False), (2, 2, False),
+                                                             (8, 2, False), (3, 3, False)]
+    assert build_tree(0, out).parent_list == [-1, 0, 0, 1, 2, 3]
+    # Budget 4: the drops free 1 slot; x comes back unpadded, x1 would need a slot: the tree is a b c x.
+    assert [(n.token, n.borrowed) for n in fta_exact(nodes, budget=4)] == [(1, False), (7, False), (2, False),
+                                                                           (3, False)]
+
+
+def test_exact_fta_verifies_the_whole_budget(tiny_target, trained_gumiho):
+    """With fta=exact every step verifies exactly the tree budget while the pool holds that many
+    candidates within the answer's room (the FTA padding no longer gives slots up)."""
+    d = Gumiho.from_pretrained(trained_gumiho, tiny_target, {"fta": "exact", "total_tokens": 32})
+    max_levels = 2 + d.config["mlp_heads"]
+    checked = 0
+    for p in tiny_prompts(tiny_target.vocab_size, 4, seed=91):
+        gen = generate(tiny_target, p, GenerationConfig(60), d)
+        done = 1
+        for size, new in zip(gen.tree_size, gen.tokens):
+            if 60 - done > max_levels:  # room for every level: no candidate is cut by depth
+                assert size == 31
+                checked += 1
+            done += new
+    assert checked >= 20
 
 
 def test_loss_offsets_on_hand_made_tensors(tiny_target):
