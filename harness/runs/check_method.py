@@ -314,7 +314,7 @@ def check_trees(recorders: list[Recorder], target: Target, budget: int | None, c
         card.add("tree", "fail", "no proposal was made")
     else:
         sizes = [pr.tree.size for pr in trees]
-        limit = f", within the tree budget of {budget}" if budget is not None else " (no tree budget declared)"
+        limit = f", within the tree budget of {budget}" if budget is not None else " (no tree budget applied)"
         card.add("tree", "pass", f"{len(trees)} trees of {min(sizes)}-{max(sizes)} draft nodes: root, parents "
                  f"before children, depths, room{limit}" + (", q rows" if any(pr.tree.q is not None for pr in trees) else ""))
 
