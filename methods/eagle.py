@@ -19,8 +19,6 @@ EAGLE1_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0
                [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
 
 
-
-
 class Eagle(EagleCore):
     """EAGLE-1: the draft head with a static tree (top-k children per node, official 25 nodes)."""
 

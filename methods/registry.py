@@ -29,6 +29,7 @@ _ENTRIES: dict[str, str] = {
     "hydra": "methods.hydra:Hydra",
     "eagle": "methods.eagle:Eagle",
     "eagle2": "methods.eagle2:Eagle2",
+    "eagle3": "methods.eagle3:Eagle3",
     "gumiho": "methods.gumiho:Gumiho",
     "sps": "methods.sps:SpeculativeSampling",
 }
