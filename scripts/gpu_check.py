@@ -460,7 +460,7 @@ def check_cost_curve(rep: Report, tg: Targets, context: int, repeats: int) -> No
 def check_ar_vs_hf(rep: Report, tg: Targets, n: int, tokens: int, repeats: int) -> None:
     """Our AR loop (eager runtime, and on transformers' layers) against HF generate: same prompts,
     model and dtype, interleaved repeats (harness/runs/bench.py's contest)."""
-    from harness.runs.bench import _contest, _hf_generate, _on_runtime, _ours
+    from harness.runs.bench import contest, hf_generate, on_runtime, ours_generate
 
     dtype = torch.bfloat16 if tg.device.type == "cuda" else torch.float32
     for name in tg.names():
@@ -468,10 +468,10 @@ def check_ar_vs_hf(rep: Report, tg: Targets, n: int, tokens: int, repeats: int) 
             target = tg.load(name, dtype)
             prompts = make_prompts(target.vocab_size, n, seed=4, length=96)
             eager = target.runtime
-            res = _contest(target, prompts, tokens, {
-                "ours": _on_runtime(target, eager, lambda p, m: _ours(target, p, m)),
-                "ours_transformers_layers": _on_runtime(target, None, lambda p, m: _ours(target, p, m)),
-                "hf": _on_runtime(target, None, lambda p, m: _hf_generate(target, p, m))}, repeats)
+            res = contest(target, prompts, tokens, {
+                "ours": on_runtime(target, eager, lambda p, m: ours_generate(target, p, m)),
+                "ours_transformers_layers": on_runtime(target, None, lambda p, m: ours_generate(target, p, m)),
+                "hf": on_runtime(target, None, lambda p, m: hf_generate(target, p, m))}, repeats)
             same = res["ours"]["outputs"] == res["hf"]["outputs"]
             tok_s = {k: v["tok_s"] for k, v in res.items()}
             ratio = tok_s["ours"] / tok_s["hf"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.runs.bench import _contest, _hf_generate, _ours, copy_bandwidth, output_agreement, weight_bytes
+from harness.runs.bench import contest, hf_generate, ours_generate, copy_bandwidth, output_agreement, weight_bytes
 from methods.sps import SpeculativeSampling
 from tests.test_exactness import prompts
 from tests.test_sps import perturbed_draft
@@ -33,11 +33,11 @@ def test_sps_and_hf_assisted_generation_agree_with_plain_decoding(tiny_target):
     draft = perturbed_draft(tiny_target)
     drafter = SpeculativeSampling(tiny_target, {"draft": "tiny", "gamma": 4}, draft=draft)
     ps = prompts(tiny_target.vocab_size, n=3)
-    res = _contest(tiny_target, ps, 24, {
-        "ar": lambda p, n: _ours(tiny_target, p, n),
-        "ours": lambda p, n: _ours(tiny_target, p, n, drafter),
-        "hf": lambda p, n: _hf_generate(tiny_target, p, n),
-        "hf_spec": lambda p, n: _hf_generate(tiny_target, p, n, assistant_model=draft.model),
+    res = contest(tiny_target, ps, 24, {
+        "ar": lambda p, n: ours_generate(tiny_target, p, n),
+        "ours": lambda p, n: ours_generate(tiny_target, p, n, drafter),
+        "hf": lambda p, n: hf_generate(tiny_target, p, n),
+        "hf_spec": lambda p, n: hf_generate(tiny_target, p, n, assistant_model=draft.model),
     }, repeats=1)
     assert res["ar"]["outputs"] == res["ours"]["outputs"] == res["hf"]["outputs"] == res["hf_spec"]["outputs"]
     assert res["ours"]["tau"] > 1.0 and res["hf_spec"]["tau"] > 1.0

@@ -75,7 +75,7 @@ class _StepCounter:
         return sum(steps) / max(1, len(steps))
 
 
-def _hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[list[int], float, float]:
+def hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[list[int], float, float]:
     counter = _StepCounter()
     inp = torch.tensor([ids], device=target.input_device)
     clock = Clock(target.devices)
@@ -87,12 +87,12 @@ def _hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[li
     return out[0, len(ids):].tolist(), dt, counter.tau()
 
 
-def _ours(target: Target, ids: list[int], max_new: int, drafter=None) -> tuple[list[int], float, float]:
+def ours_generate(target: Target, ids: list[int], max_new: int, drafter=None) -> tuple[list[int], float, float]:
     g = generate(target, ids, GenerationConfig(max_new), drafter)
     return g.output_ids, g.wall_s, g.tau
 
 
-def _on_runtime(target: Target, runtime, fn):
+def on_runtime(target: Target, runtime, fn):
     """`fn` run with the target's runtime set to `runtime` (None: transformers' layers)."""
     def call(*args):
         saved, target.runtime = target.runtime, runtime
@@ -103,7 +103,7 @@ def _on_runtime(target: Target, runtime, fn):
     return call
 
 
-def _contest(target: Target, prompts: list[list[int]], max_new: int, contenders: dict[str, Any],
+def contest(target: Target, prompts: list[list[int]], max_new: int, contenders: dict[str, Any],
              repeats: int) -> dict[str, dict[str, float]]:
     """Interleaved repeats: every round runs each contender once on every prompt; tok/s per round,
     median over rounds. Returns {name: {"tok_s", "tau", "tokens"}} and keeps the outputs."""
@@ -150,11 +150,11 @@ def _speculative_contest(tgt: Target, name: str, drafter, hf_name: str, hf_kwarg
         qs = load_questions(bench, data, limit=n_prompts)
         prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
         with console.status(f"{name} vs {hf_name} on {bench}"):
-            res = _contest(tgt, prompts, max_new_tokens, {
-                "ar": lambda p, n: _ours(tgt, p, n),
-                "ours": lambda p, n: _ours(tgt, p, n, drafter),
-                "hf": lambda p, n: _hf_generate(tgt, p, n),
-                "hf_spec": lambda p, n: _hf_generate(tgt, p, n, **hf_kwargs),
+            res = contest(tgt, prompts, max_new_tokens, {
+                "ar": lambda p, n: ours_generate(tgt, p, n),
+                "ours": lambda p, n: ours_generate(tgt, p, n, drafter),
+                "hf": lambda p, n: hf_generate(tgt, p, n),
+                "hf_spec": lambda p, n: hf_generate(tgt, p, n, **hf_kwargs),
             }, repeats=max(3, repeats // 2))
         pairs = output_agreement(res)
         same = all(pairs.values())
@@ -216,13 +216,13 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
     if ar_prompts:
         qs = load_questions("mt_bench", data, limit=ar_prompts)
         prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
-        contenders = {"ours": _on_runtime(tgt, eager_runtime, lambda p, n: _ours(tgt, p, n)),
-                      "ours_transformers_layers": _on_runtime(tgt, None, lambda p, n: _ours(tgt, p, n)),
-                      "hf": _on_runtime(tgt, None, lambda p, n: _hf_generate(tgt, p, n))}
+        contenders = {"ours": on_runtime(tgt, eager_runtime, lambda p, n: ours_generate(tgt, p, n)),
+                      "ours_transformers_layers": on_runtime(tgt, None, lambda p, n: ours_generate(tgt, p, n)),
+                      "hf": on_runtime(tgt, None, lambda p, n: hf_generate(tgt, p, n))}
         if compile_:
-            contenders["ours_compiled"] = lambda p, n: _ours(tgt, p, n)
+            contenders["ours_compiled"] = lambda p, n: ours_generate(tgt, p, n)
         with console.status("AR loop vs HF generate" + (" (compiling first)" if compile_ else "")):
-            res = _contest(tgt, prompts, max_new_tokens, contenders, repeats=max(3, repeats // 2))
+            res = contest(tgt, prompts, max_new_tokens, contenders, repeats=max(3, repeats // 2))
         same = res["ours"]["outputs"] == res["hf"]["outputs"]
         ratio = res["ours"]["tok_s"] / res["hf"]["tok_s"]
         ceiling = result["floor"]["tok_s_ceiling"]
