@@ -396,6 +396,8 @@ def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, n
     has_depth1 = "depth1" in frame and bool(frame["depth1"].notna().any())  # old lines lack it
     panels = [("tau", "τ")] + ([("depth1", "depth-1 acceptance")] if has_depth1 else [])
     wide = len(labels) > 8
+    if "rank" in frame:  # legend in the methods' declared table order, not order of first appearance
+        frame = frame.sort_values(["rank", "order"], kind="stable")
     with _agg():
         fig = _figure(1.5 + 1.4 * len(panels), COLUMN_WIDTH_IN * (2 if wide else 1))
         axes = np.atleast_1d(fig.subplots(len(panels), 1, sharex=True))
