@@ -66,7 +66,6 @@ class Hydra(HeadDrafter):
     year = 2024
     color = "#B8A200"
     order = 40
-    acceptance_rules = ('greedy', 'lossless', 'typical')
     checkpoint_layout = "zankner/Hydra: hydra_lm_head.pt / .safetensors (+ config.json hydra_num_heads)"
     defaults: dict[str, Any] = {"heads": 4, "layers": 4, **HEAD_DEFAULTS, "dropout": 0.2}
     default_lr = 5e-4

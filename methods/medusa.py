@@ -34,7 +34,6 @@ class Medusa(HeadDrafter):
     year = 2024
     color = "#009E73"
     order = 30
-    acceptance_rules = ('greedy', 'lossless', 'typical')
     checkpoint_layout = "FasterDecoding/Medusa: medusa_lm_head.safetensors (+ config.json medusa_num_heads)"
     defaults: dict[str, Any] = {"heads": 5, "layers": 1, **HEAD_DEFAULTS}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.verify import default_rule
+from harness.runs.runner import TREE_BUDGET
 from harness.runs.statistics import RunData, display_label, fmt_temperature, load_run
 from methods.registry import method_info
 
@@ -65,7 +66,7 @@ def _settings(settings: dict) -> list[str]:
     """`--tree-budget` and `--set key=value` of a run's settings."""
     args = []
     for key, v in settings.items():
-        args += ["--tree-budget", _value(v)] if key == "tree_budget" else ["--set", f"{key}={_value(v)}"]
+        args += ["--tree-budget", _value(v)] if key == TREE_BUDGET else ["--set", f"{key}={_value(v)}"]
     return args
 
 
@@ -176,8 +177,8 @@ def _tree_budgets(config: dict) -> str:
     """The budget every tree method was given (--tree-budget), else each method's own budget keys."""
     settings = config.get("settings") or {}
     parts = []
-    if "tree_budget" in settings:
-        parts.append(f"--tree-budget {settings['tree_budget']} (every tree method)")
+    if TREE_BUDGET in settings:
+        parts.append(f"--tree-budget {settings[TREE_BUDGET]} (every tree method)")
     for label, entry in (config.get("methods_resolved") or {}).items():
         cfg = (entry.get("config") or {}) if isinstance(entry, dict) else {}
         if "total_tokens" in cfg:

@@ -37,6 +37,7 @@ class HeadDrafter(LearnedDrafter):
 
     arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
     input_noise = False  # neither recipe adds feature noise
+    acceptance_rules = ("greedy", "lossless", "typical")  # Medusa's typical rule is for its heads' trees
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
