@@ -43,10 +43,23 @@ class Sequence:
 HOLDOUT_SHARE = 0.03  # of conversations, by a hash of their opening tokens
 
 
+def opening_hash(ids: torch.Tensor, salt: bytes = b"") -> float:
+    """A uniform number in [0, 1) from a conversation's opening ids [n] (a follow-up conversation
+    opens like its first turn, so both get the same number)."""
+    h = hashlib.sha256(salt + ids[:64].numpy().tobytes()).digest()
+    return int.from_bytes(h[:4], "little") / 2**32
+
+
 def is_held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
     """Whether a conversation (its ids [n]) falls in the held-out `share`, by a hash of its opening."""
-    h = hashlib.sha256(ids[:64].numpy().tobytes()).digest()
-    return int.from_bytes(h[:4], "little") / 2**32 < share
+    return opening_hash(ids) < share
+
+
+def in_train_share(ids: torch.Tensor, share: float) -> bool:
+    """Whether a training conversation is among the `share` kept for a smaller-data run: an
+    independent hash, so the shares nest (the quarter is inside the half) and the held-out split
+    does not move."""
+    return share >= 1.0 or opening_hash(ids, b"train-share") < share
 
 
 class FeatureDataset:
@@ -54,8 +67,10 @@ class FeatureDataset:
     hash of each conversation's opening tokens (stable across machines and shard orders)."""
 
     def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE,
-                 layers: list[int] | None = None) -> None:
-        """`layers`: also keep these extra layers' inputs (shard keys `layer_<i>`, see features.py)."""
+                 layers: list[int] | None = None, train_share: float = 1.0) -> None:
+        """`layers`: also keep these extra layers' inputs (shard keys `layer_<i>`, see features.py);
+        `train_share`: train on this share of the training conversations (the data curve); the
+        held-out set is the same whatever the share."""
         self.train: list[Sequence] = []
         self.valid: list[Sequence] = []
         for shard in shards:
@@ -65,7 +80,10 @@ class FeatureDataset:
                 ids = shard["input_ids"][off[i] : off[i + 1]].long()
                 seq = Sequence(ids, shard["hidden"][off[i] : off[i + 1]], int(shard["prompt_len"][i]),
                                None if extra is None else extra[off[i] : off[i + 1]])
-                (self.valid if is_held_out(i, ids, holdout) else self.train).append(seq)
+                if is_held_out(i, ids, holdout):
+                    self.valid.append(seq)
+                elif in_train_share(ids, train_share):
+                    self.train.append(seq)
 
     @property
     def train_tokens(self) -> int:

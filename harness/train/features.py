@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from harness.core.errors import SpecbenchError
 from harness.core.target import cache_root
@@ -27,6 +28,23 @@ def feature_dir(target, distill_dir: Path, manifest: dict | None = None, layers:
     dt = str(target.dtype).replace("torch.", "")
     extra = "".join(f"-L{i}" if not n else f"-{i}" for n, i in enumerate(layers or []))
     return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}{extra}"
+
+
+def covering_dir(target, distill_dir: Path, manifest: dict, layers: list[int] | None,
+                 stems: list[str]) -> Path | None:
+    """A cached feature folder of the same plan and dtype that holds every shard in `stems` with
+    at least `layers` (a folder extracted for EAGLE-3's three layers also holds the last-layer
+    features every other drafter reads), so no shard is extracted twice; None if there is none."""
+    exact = feature_dir(target, distill_dir, manifest, layers)
+    want = set(layers or [])
+    for folder in [exact, *sorted(exact.parent.glob(f"{manifest['plan_hash']}-*"))]:
+        name = folder.name.removeprefix(exact.name.split("-L")[0])
+        if name and not name.startswith("-L"):
+            continue  # another dtype
+        have = {int(x.removeprefix("L")) for x in name.removeprefix("-").split("-") if x}
+        if want <= have and all((folder / f"{st}.safetensors").exists() for st in stems):
+            return folder
+    return None
 
 
 def _conversations(target, shard: Path, convs: Conversations) -> list[tuple[list[int], int]]:
@@ -52,10 +70,13 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
     manifest = json.loads((distill_dir / "manifest.json").read_text())
     if manifest.get("vocab_hash") != target.vocab_hash():
         raise SpecbenchError(f"{distill_dir} was distilled with another tokenizer than target '{target.name}'")
+    files = sorted(distill_dir.glob("shard-*.jsonl"))[:shards]
+    superset = covering_dir(target, distill_dir, manifest, layers, [s.stem for s in files])
+    if superset is not None:
+        return superset
     out = feature_dir(target, distill_dir, manifest, layers)
     out.mkdir(parents=True, exist_ok=True)
     convs = Conversations(target, read_prompts(prompts_file), manifest.get("plan", {}), distill_dir)
-    files = sorted(distill_dir.glob("shard-*.jsonl"))[:shards]
     todo = [s for s in files if not (out / (s.stem + ".safetensors")).exists()]
     task = progress.add_task("features", total=len(todo)) if progress else None
     for shard in todo:
@@ -103,9 +124,16 @@ def shard_tensors(target, convs: list[tuple[list[int], int]], batch_size: int = 
     return tensors
 
 
-def load_feature_shards(folder: Path, shards: int | None = None) -> list[dict[str, torch.Tensor]]:
-    """The first `shards` feature shards (all when None), in distill-shard order."""
+def load_feature_shards(folder: Path, shards: int | None = None,
+                        layers: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
+    """The first `shards` feature shards (all when None), in distill-shard order, with the extra
+    `layers` asked for and no others (a folder may hold more: see `covering_dir`)."""
     files = sorted(folder.glob("shard-*.safetensors"))[:shards]
     if not files:
         raise SpecbenchError(f"no feature shards in {folder}: run `cli.py train` (it extracts them) or check --data")
-    return [load_file(str(f)) for f in files]
+    keys = ["input_ids", "offsets", "prompt_len", "hidden", *(f"layer_{i}" for i in layers or [])]
+    out = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as shard:
+            out.append({k: shard.get_tensor(k) for k in keys})
+    return out

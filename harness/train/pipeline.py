@@ -20,11 +20,12 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
                  data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
                  max_len: int = 1024, autocast: str = "auto", out: Path | None = None,
                  init_from: Path | None = None, console: Console | None = None,
-                 shards: int | None = None) -> dict[str, Any]:
+                 shards: int | None = None, train_share: float = 1.0) -> dict[str, Any]:
     """Train `method` with `overrides` for `steps` optimiser steps; returns the training summary
     (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
     checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
-    the summary counts the earlier steps so the total budget stays traceable."""
+    the summary counts the earlier steps so the total budget stays traceable. `train_share` < 1
+    trains on that share of the training conversations (held-out unchanged): the data curve."""
     from harness.core.paths import REPO_ROOT, repo_relative
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter
     from harness.train.trainer import TrainConfig, Trainer
@@ -38,7 +39,9 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
         raise SpecbenchError(f"method '{method}' uses the weights of '{cls.weights_from}': train that one")
     config = cls.resolve_config(overrides)
     drafter = cls(target, overrides)
-    dataset = load_dataset(target, data, prompts, console, shards, drafter.target_layers() or None)
+    if not 0.0 < train_share <= 1.0:
+        raise SpecbenchError(f"train share must be in (0, 1], got {train_share}")
+    dataset = load_dataset(target, data, prompts, console, shards, drafter.target_layers() or None, train_share)
     if drafter.draft_vocab_size:
         from harness.train.data import frequent_answer_tokens
 
@@ -49,7 +52,8 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
                       max_len=max_len, autocast=autocast)
     console.print(f"training {method} ({drafter.num_parameters():,} parameters) on {dataset.train_tokens:,} "
                   f"answer tokens for {steps} steps; checkpoints in {out}")
-    sources = [{"folder": repo_relative(f), "shards": shards or "all"} for f in distill_folders(target, data)]
+    sources = [{"folder": repo_relative(f), "shards": shards or "all", **({"train_share": train_share} if train_share < 1 else {})}
+               for f in distill_folders(target, data)]
     result = Trainer(drafter, dataset, cfg, out, console, prior=prior, sources=sources).train()
     if is_static_tree_drafter(drafter):
         # The held-out τ the configured tree gets with these heads, and the best tree of that
@@ -67,12 +71,13 @@ def distill_folders(target, data: list[Path] | None) -> list[Path]:
 
 
 def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
-                 console: Console | None = None, shards: int | None = None, layers: list[int] | None = None):
+                 console: Console | None = None, shards: int | None = None, layers: list[int] | None = None,
+                 train_share: float = 1.0):
     """The shared distilled dataset of one or more distill folders (default datasets/distill/<target>;
     the first `shards` shards of each, if given) with its train/held-out split; features are
     extracted first (with the inputs of target `layers` too, for drafters that read them: EAGLE-3).
     The split hashes a conversation's opening, so a follow-up conversation lands on the same side
-    as its first turn."""
+    as its first turn. `train_share`: keep that share of the training conversations."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, load_feature_shards
 
@@ -80,8 +85,8 @@ def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT
     with Progress(console=console or Console(stderr=True)) as progress:
         for folder in distill_folders(target, data):
             feats = extract_features(target, folder, prompts, progress=progress, shards=shards, layers=layers)
-            loaded += load_feature_shards(feats, shards)
-    return FeatureDataset(loaded, layers=layers)
+            loaded += load_feature_shards(feats, shards, layers)
+    return FeatureDataset(loaded, layers=layers, train_share=train_share)
 
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:

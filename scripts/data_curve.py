@@ -1,0 +1,162 @@
+"""The data curve: how a learned drafter's held-out top-1 and its τ grow with training tokens.
+
+For each method and train share s it trains round(steps × s) optimiser steps on share s of the
+training conversations (equal steps per token: every point makes the same number of passes over
+its data; the held-out conversations are the same at every share), then decodes MT-Bench (or the
+benchmark given) with those weights in float32 at one tree budget and reads τ. Every step resumes:
+a point's training restarts from its last checkpoint, its run folder from its last answer, so a
+killed job goes on where it stopped. Pin it to one core:
+
+    taskset -c 0 env OMP_NUM_THREADS=1 python scripts/data_curve.py --methods eagle,eagle3 \\
+        --shares 0.25,0.5 --reuse eagle@1=checkpoints/smollm2-135m/eagle --set eagle3.ttt_steps=3
+
+`--reuse method@share=folder` takes a finished checkpoint trained with the same recipe instead of
+training that point again (the committed EAGLE weights are the 1× point). The table, the plot and
+meta.json (commit, CPU, settings) go to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.core.errors import SpecbenchError  # noqa: E402
+
+# The method whose weights a method decodes with, and the method that decodes a point's weights:
+# EAGLE-2 is EAGLE's weights under a dynamic tree, so the EAGLE points are read as EAGLE-2.
+DECODED_AS = {"eagle": "eagle2"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", default="eagle,eagle3", help="trainable methods, comma-separated")
+    ap.add_argument("--shares", default="0.25,0.5", help="train shares in (0, 1], comma-separated")
+    ap.add_argument("--steps", type=int, default=1500, help="optimiser steps at share 1 (scaled by the share)")
+    ap.add_argument("--set", action="append", default=[], help="method.key=value for training (architecture keys)")
+    ap.add_argument("--reuse", action="append", default=[], help="method@share=checkpoint folder to use as that point")
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--benchmark", default="mt_bench")
+    ap.add_argument("--limit", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--tree-budget", default="24")
+    ap.add_argument("--dtype", default="float32", help="dtype of the decoding runs (training uses the features' dtype)")
+    ap.add_argument("--checkpoints", type=Path, default=REPO / "checkpoints" / "experiments" / "smollm2-135m" / "data-curve")
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "reference" / "smollm2-135m" / "data-curve")
+    ap.add_argument("--data-dir", default=None, help="benchmark prompts (default $SPECBENCH_DATA / ../shared/data)")
+    ap.add_argument("--report-only", action="store_true", help="rebuild table and plot from what exists")
+    return ap.parse_args(argv)
+
+
+def method_settings(pairs: list[str], method: str) -> dict[str, object]:
+    """The `method.key=value` pairs that name `method`, as {key: JSON value}."""
+    out = {}
+    for pair in pairs:
+        key, _, raw = pair.partition("=")
+        name, _, k = key.partition(".")
+        if name == method:
+            try:
+                out[k] = json.loads(raw)
+            except json.JSONDecodeError:
+                out[k] = raw
+    return out
+
+
+def point_name(method: str, share: float) -> str:
+    return f"{method}-share{share:g}"
+
+
+def train_point(target, method: str, share: float, args, console) -> Path:
+    """Train (or resume) one point; returns its checkpoint folder."""
+    from harness.train.pipeline import train_method
+
+    out = args.checkpoints / point_name(method, share)
+    if (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("training", {}).get(
+            "steps") == round(args.steps * share):
+        return out
+    train_method(target, method, method_settings(args.set, method), steps=round(args.steps * share), out=out,
+                 console=console, train_share=share, data=[REPO / "datasets" / "distill" / target.name,
+                                                          REPO / "datasets" / "distill" / f"{target.name}-followups"])
+    return out
+
+
+def decode_point(method: str, share: float, checkpoint: Path, args) -> Path:
+    """Run (or resume) the decoding run of one point; returns its run folder."""
+    folder = args.out / "runs" / point_name(method, share)
+    cmd = [sys.executable, str(REPO / "cli.py"), "run", "--method", DECODED_AS.get(method, method),
+           "--checkpoint", str(checkpoint), "--benchmark", args.benchmark, "--limit", str(args.limit),
+           "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--tree-budget", args.tree_budget,
+           "--target", args.target, "--out", str(folder)]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return folder
+
+
+def point_row(method: str, share: float, checkpoint: Path, run: Path) -> dict[str, object]:
+    """One table row: training tokens, steps, held-out top-1 and τ of a finished point."""
+    import pandas as pd
+
+    training = json.loads((checkpoint / "config.json").read_text()).get("training", {})
+    evals = [row for row in map(json.loads, (checkpoint / "train_log.jsonl").read_text().splitlines())
+             if "val_acc" in row]
+    summary = pd.read_csv(run / "summary.csv")
+    cell = summary[summary["method"] == DECODED_AS.get(method, method)].iloc[0]
+    return {"method": method, "decoded_as": DECODED_AS.get(method, method), "train_share": share,
+            "train_tokens": training.get("train_tokens"), "steps": training.get("steps"),
+            "held_out_top1": evals[-1]["val_acc"] if evals else None,
+            "held_out_top1_step2": evals[-1].get("val_acc2") if evals else None, "tau": float(cell["tau"]), "answers": int(cell["answers"]),
+            "mismatches": int(cell["mismatches"]), "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
+
+
+def repo_path(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from rich.console import Console
+
+    from harness.core.target import Target
+    from harness.report.data_curve import write_curve
+
+    console = Console(stderr=True)
+    shares = [float(s) for s in args.shares.split(",") if s]
+    if any(not 0 < s <= 1 for s in shares):
+        raise SpecbenchError(f"--shares {args.shares}: every share must be in (0, 1]")
+    reuse = {}
+    for item in args.reuse:
+        point, _, folder = item.partition("=")
+        method, _, share = point.partition("@")
+        reuse[(method, float(share))] = Path(folder)
+    points = sorted({(m, s) for m in args.methods.split(",") if m for s in shares} | set(reuse))
+    target = None
+    rows = []
+    for method, share in points:
+        ckpt = reuse.get((method, share))
+        if ckpt is None:
+            ckpt = args.checkpoints / point_name(method, share)
+            if not args.report_only:
+                target = target or Target.load(args.target, dtype="auto")
+                ckpt = train_point(target, method, share, args, console)
+        run = args.out / "runs" / point_name(method, share)
+        if not args.report_only:
+            run = decode_point(method, share, ckpt, args)
+        if (run / "summary.csv").exists() and (ckpt / "config.json").exists():
+            rows.append(point_row(method, share, ckpt, run))
+    write_curve(rows, args.out, {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
+    console.print(f"data curve: {len(rows)} points in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SpecbenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
