@@ -1,11 +1,11 @@
-"""Run directories and record keys; the machine metadata stored beside every run comes from
-`harness.core.machine_meta`.
+"""Run directories: records.jsonl, meta.json and summary.csv; the machine metadata stored beside
+every run comes from `harness.core.machine_meta`.
 
 A run directory holds:
 - `meta.json`: the run config, its hash, the machine/software state (`collect_meta`) and the
   start time of every (re)start of the run;
-- `records.jsonl`: one JSON object per answer, appended and fsynced one at a time so that a
-  crash loses at most the answer being written;
+- `records.jsonl`: one JSON object per answer (a `harness.runs.record.Record`), appended and
+  fsynced one at a time so that a crash loses at most the answer being written;
 - `summary.csv`: written by `harness.runs.metrics.write_summary`.
 Tables and plots are rebuilt from these files alone, so everything that can explain a number
 (commit, versions, threads, CPU flags, load) is written here once per run.
@@ -21,26 +21,7 @@ from typing import Any
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import canonical_json, config_hash
 from harness.core.machine_meta import collect_meta, git_state
-
-# ----------------------------------------------------------------------------- record keys
-
-def record_key(rec: dict) -> str:
-    """The record's identity: `|`.join of method, config_hash, benchmark, question_id, turn,
-    temperature, acceptance, seed.
-
-    Numbers are normalised (temperature as a float repr, ids as ints) so that 0 and 0.0 give one
-    key. A record without `config_hash` takes the hash of its `method_config`. A record of a
-    user's prompt file keys its benchmark as `name@<first 12 hex of the file's SHA-256>`, so
-    answers to an edited file never pass for answers to the old one.
-    """
-    chash = rec.get("config_hash") or config_hash(rec.get("method_config", {}))
-    bench = rec["benchmark"] + (f"@{rec['prompt_sha256'][:12]}" if rec.get("prompt_sha256") else "")
-    parts = (
-        rec["method"], chash, bench, int(rec["question_id"]), int(rec["turn"]),
-        repr(float(rec["temperature"])), rec["acceptance"], int(rec["seed"]),
-    )
-    return "|".join(str(p) for p in parts)
-
+from harness.runs.record import Record, record_key  # noqa: F401 - record keys are asked of run folders too
 
 # ----------------------------------------------------------------------------- provenance
 
@@ -195,9 +176,14 @@ class RunDir:
             out.append(rec)
         return out
 
+    def read_records(self) -> list[Record]:
+        """All complete records, in file order, as `Record`s: what every statistic reads
+        (`records()` gives the lines as parsed, for checks of the file itself)."""
+        return [Record.from_dict(rec) for rec in self.records()]
+
     def done_keys(self) -> set[str]:
         """Keys of the answers already recorded: the runner skips them when resuming."""
-        return {rec.get("key") or record_key(rec) for rec in self.records()}
+        return {rec.key for rec in self.read_records()}
 
     def _repair_tail(self, fd: int) -> None:
         """Make the file end at a line boundary before the first append.
@@ -232,12 +218,14 @@ class RunDir:
             os.ftruncate(fd, pos)  # a partial record or stray whitespace
         os.fsync(fd)
 
-    def append(self, rec: dict) -> None:
+    def append(self, rec: Record | dict) -> None:
         """Append one record as one compact JSON line, then flush and fsync.
 
-        Field order is kept as given (no sort) so records read alike. The line goes out in one
+        Field order is kept as given (a Record's own order; no sort) so records read alike. The line goes out in one
         `write` on an O_APPEND descriptor, so appends from several processes do not interleave.
         """
+        if isinstance(rec, Record):
+            rec = rec.to_json_dict()
         line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode("utf-8")
         fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
