@@ -543,10 +543,10 @@ def check_compare(rep: Report, tg: Targets, methods: list[str], n: int, tokens: 
         finally:
             os.chdir(cwd)
             os.environ.pop("SPECBENCH_CHECKPOINTS", None)
-        records = attach_divergences(RunDir(run).records())
-        per = {m: [r for r in records if r["method"] == m] for m in ["ar", *methods]}
+        records = attach_divergences(RunDir(run).read_records())
+        per = {m: [r for r in records if r.method == m] for m in ["ar", *methods]}
         missing = [m for m, rs in per.items() if len(rs) != n]
-        wide = sorted({m for m in methods for r in per[m] if r.get("divergence") and not r["divergence"]["near_tie"]})
+        wide = sorted({m for m in methods for r in per[m] if r.divergence and not r.divergence["near_tie"]})
         tables = [p for p in files if p.suffix == ".md" and "tables" in p.parts]
         plots = [p for p in files if p.suffix == ".png"]
         ok = not missing and not wide and bool(tables) and bool(plots)

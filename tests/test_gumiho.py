@@ -7,6 +7,7 @@ import torch
 from harness.core.decode import GenerationConfig, generate
 from harness.core.tree_build import Node, build_tree
 from harness.runs.metrics import attach_divergences, own_divergences
+from harness.runs.record import Record
 from harness.train.data import DistillBatch
 from methods.gumiho import Gumiho, fta_exact
 from tests.test_eagle import _begin
@@ -196,14 +197,14 @@ def test_paper_fta_mismatches_are_counted(tiny_target, trained_gumiho):
     for q, p in enumerate(tiny_prompts(tiny_target.vocab_size, 8, seed=95)):
         key = {"benchmark": "tiny", "question_id": q, "turn": 0, "temperature": 0.0, "seed": 0}
         ar = generate(tiny_target, p, GenerationConfig(40)).output_ids
-        records.append({**key, "method": "ar", "output_ids": ar})
+        records.append(Record(**key, method="ar", acceptance="none", output_ids=ar))
         for name, d in drafters.items():
             out = generate(tiny_target, p, GenerationConfig(40), d).output_ids
             differ[name] += out != ar
-            records.append({**key, "method": f"gumiho-{name}", "output_ids": out})
+            records.append(Record(**key, method=f"gumiho-{name}", acceptance="greedy", output_ids=out))
     attach_divergences(records)
     for name in variants:
-        counted = own_divergences([r for r in records if r["method"] == f"gumiho-{name}"])
+        counted = own_divergences([r for r in records if r.method == f"gumiho-{name}"])
         assert len(counted) == differ[name], name
     assert differ["exact"] == differ["off"] == 0
 

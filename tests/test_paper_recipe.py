@@ -45,13 +45,13 @@ def test_official_checkpoint_runs_end_to_end_in_float16(recipe, tmp_path, method
         args += ["--tree-budget", "15"]  # a fixed tree: no cost curve to measure here
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
-    records = attach_divergences(RunDir(out).records())
-    assert {r["method"] for r in records} == {"ar", method} and len(records) == 4
-    assert all(r["dtype"] == "float16" and r["new_tokens"] == 12 for r in records)
+    records = attach_divergences(RunDir(out).read_records())
+    assert {r.method for r in records} == {"ar", method} and len(records) == 4
+    assert all(r.dtype == "float16" and r.new_tokens == 12 for r in records)
     for r in records:
-        div = r.get("divergence")
+        div = r.divergence
         assert div is None or div["near_tie"], f"{method}: greedy float16 output left AR's by more than a tie: {div}"
-    assert all(r["checkpoint_hash"] for r in records if r["method"] == method)  # the official weights, hashed
+    assert all(r.checkpoint_hash for r in records if r.method == method)  # the official weights, hashed
 
 
 def test_compare_finds_official_checkpoints_by_target_and_method(recipe, tmp_path, monkeypatch):

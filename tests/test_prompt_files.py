@@ -111,6 +111,6 @@ def test_a_prompt_file_with_several_categories_gets_a_category_table_and_plot(tm
     from harness.runs.metrics import tau
     from harness.runs.results import RunDir
 
-    recs = [r for r in RunDir(run).records() if r["method"] == "pld" and r["category"] == "odd"]
+    recs = [r for r in RunDir(run).read_records() if r.method == "pld" and r.category == "odd"]
     got = frame[(frame.method == "pld") & (frame.category == "my_set/odd")].tau.item()
     assert got == pytest.approx(round(tau(recs), 4))

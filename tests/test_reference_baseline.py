@@ -30,6 +30,6 @@ def test_reference_tau_has_not_dropped_and_outputs_equal_ar(smollm2_fp32, shared
     run = Runner(cfg, tmp_path / "run", shared_data, target=smollm2_fp32).run()
     verdict = check(tmp_path / "run", BASELINE)
     assert verdict.exit_code == 0, verdict.failed
-    diverged = [(r["method"], r["benchmark"], r["question_id"], r["turn"])
-                for r in attach_divergences(RunDir(run).records()) if r.get("divergence")]
+    diverged = [(r.method, r.benchmark, r.question_id, r.turn)
+                for r in attach_divergences(RunDir(run).read_records()) if r.divergence]
     assert not diverged, f"answers that differ from AR in float32: {diverged}"

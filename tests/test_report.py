@@ -14,12 +14,15 @@ from typer.testing import CliRunner
 
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
-from harness.report import plots, tables
+from harness.report import cells as table_cells
+from harness.report import plots, statistics, tables
 from harness.report.rebuild import write_report
-from harness.runs import metrics, statistics
-from harness.runs.metrics import prompt_key, summarize
+from harness.report.statistics import load_stats
+from harness.runs import metrics
+from harness.runs.metrics import summarize
+from harness.runs.record import Record
 from harness.runs.results import RunDir, record_key
-from harness.runs.statistics import load_run, load_stats
+from harness.runs.run_data import MEAN, Row, load_run
 
 ACCEPT = {"pld": 0.35, "eagle": 0.7, "medusa": 0.55}
 PARAMS = {"pld": 0, "eagle": 1_234_567, "medusa": 456_000}
@@ -116,22 +119,25 @@ def run_dir(tmp_path):
 # ----------------------------------------------------------------------------- numbers
 
 def test_summary_csv_and_tables_come_from_one_computation(run_dir, monkeypatch):
-    """summary.csv and the tables take τ and speedup from metrics.AnswerSums: equal to the bit, and a
-    change there reaches both."""
+    """summary.csv, the tables and the τ baselines take τ and speedup from the named metrics
+    (metrics.TAU, metrics.SPEEDUP): equal to the bit, and a change there reaches all three."""
     stats = load_stats(run_dir)
-    summary = summarize(RunDir(run_dir).records())
+    summary = summarize(RunDir(run_dir).read_records())
     for row, by_bench in stats.cells.items():
         for b in stats.run.benchmarks:
             s = summary[(summary.method == row.method) & (summary.benchmark == b)
                         & (summary.temperature == row.temperature) & (summary.acceptance == row.acceptance)]
             assert len(s) == 1
             assert by_bench[b].tau == float(s.tau.iloc[0]) and by_bench[b].speedup == float(s.speedup.iloc[0])
-        mean = by_bench[statistics.MEAN]
+        mean = by_bench[MEAN]
         assert mean.tau == pytest.approx(np.mean([by_bench[b].tau for b in stats.run.benchmarks]))
-    monkeypatch.setattr(metrics.AnswerSums, "tau", lambda self, weights=None: np.asarray(7.0))
-    assert set(summarize(RunDir(run_dir).records()).tau) == {7.0}
-    cells = statistics.main_cells(load_run(run_dir), resamples=0)
+    monkeypatch.setattr(metrics.RatioOfSums, "estimate", lambda self, rows, weights=None: np.asarray(7.0))
+    assert set(summarize(RunDir(run_dir).read_records()).tau) == {7.0}
+    cells = table_cells.main_cells(load_run(run_dir), resamples=0)
     assert {c.tau for by_bench in cells.values() for c in by_bench.values()} == {7.0}
+    from harness.runs.regress import run_cells
+
+    assert {(c["tau"], c["speedup"]) for c in run_cells(load_run(run_dir))} == {(7.0, 7.0)}
 
 
 def test_a_rebuild_computes_the_statistics_once(run_dir, monkeypatch):
@@ -154,11 +160,11 @@ def test_bootstrap_interval_is_deterministic_and_covers_the_estimate(run_dir):
 
 def test_bootstrap_on_identical_answers_collapses():
     rec = {"method": "pld", "benchmark": "b", "question_id": 1, "turn": 0, "temperature": 0.0, "top_p": 1.0,
-           "seed": 0, "new_tokens": 10, "wall_s": 1.0, "steps": {"tokens": [2, 2, 2], "accepted": [1, 1, 1]}}
-    ar = {**rec, "method": "ar", "wall_s": 2.0, "steps": {"tokens": [1] * 9}}
-    recs = [dict(rec, question_id=i) for i in range(5)]
-    ars = {prompt_key(dict(ar, question_id=i)): [dict(ar, question_id=i)] for i in range(5)}
-    cell = statistics.cell_stats(recs, ars, ("x",))
+           "acceptance": "greedy", "seed": 0, "new_tokens": 10, "wall_s": 1.0, "steps": {"tokens": [2, 2, 2], "accepted": [1, 1, 1]}}
+    ar = {**rec, "method": "ar", "acceptance": "none", "wall_s": 2.0, "steps": {"tokens": [1] * 9}}
+    recs = [Record.from_dict(dict(rec, question_id=i)) for i in range(5)]
+    ars = metrics.ar_by_prompt(Record.from_dict(dict(ar, question_id=i)) for i in range(5))
+    cell = table_cells.cell_stats(recs, ars, ("x",))
     assert cell.tau == 2.0 and cell.tau_ci == (2.0, 2.0)
     assert cell.speedup == 2.0 and cell.speedup_ci == pytest.approx((2.0, 2.0))
 
@@ -210,7 +216,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
             r["turn"] = 1
             r["key"] = record_key(r)
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    frame = statistics.turn_frame(statistics.turn_cells(load_run(path), resamples=0))
+    frame = statistics.turn_frame(table_cells.turn_cells(load_run(path), resamples=0))
     for method in ("pld", "eagle"):
         line = frame[frame.method == method].iloc[0]
         for turn, qids in ((1, (100, 101)), (2, (102, 103))):
@@ -223,7 +229,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
     assert "turns.png" in written and "turns.svg" in written  # τ per turn, every method
     # no benchmark with two turns: no turn table
     single = write_run(tmp_path / "single", methods=("pld",), questions=2)
-    assert statistics.turn_cells(load_run(single)) is None
+    assert table_cells.turn_cells(load_run(single)) is None
     assert statistics.turn_frame(None).empty
     assert not {"turns.md", "turns.png"} & {p.name for p in write_report(single)}
 
@@ -252,14 +258,14 @@ def test_tables_layout(run_dir):
     assert "Brackets: 95% bootstrap interval" in (run_dir / "tables" / "main.md").read_text()
 
 
-def _cell(value: float, lo: float, hi: float) -> statistics.Cell:
+def _cell(value: float, lo: float, hi: float) -> table_cells.Cell:
     """A cell whose τ and speedup are `value` with the 95% interval [lo, hi]."""
     reps = np.repeat([lo, value, hi], 200)  # the 2.5th percentile is lo, the 97.5th hi
-    return statistics.Cell(10, value, value, reps, reps)
+    return table_cells.Cell(10, value, value, reps, reps)
 
 
-def _row(method: str, lossy: bool = False) -> statistics.Row:
-    return statistics.Row(0.0, method, method, "typical" if lossy else "greedy", method, lossy)
+def _row(method: str, lossy: bool = False) -> Row:
+    return Row(0.0, method, method, "typical" if lossy else "greedy", method, lossy)
 
 
 def test_emphasis_bolds_a_clear_win_and_marks_a_tie():
@@ -273,7 +279,7 @@ def test_emphasis_bolds_a_clear_win_and_marks_a_tie():
     wide = {**clear, c: _cell(1.2, 0.5, 1.92)}
     assert tables.emphasis(wide, list(wide), "speedup") == {a: "tie", c: "tie"}
     # without intervals nothing can be told apart; with one competitor nothing is marked
-    bare = {a: statistics.Cell(10, 2.0, 2.0, None, None), b: statistics.Cell(10, 1.0, 1.0, None, None)}
+    bare = {a: table_cells.Cell(10, 2.0, 2.0, None, None), b: table_cells.Cell(10, 1.0, 1.0, None, None)}
     assert tables.emphasis(bare, list(bare), "tau") == {a: "tie", b: "tie"}
     assert tables.emphasis(clear, [a, lossy], "tau") == {}
 
@@ -302,11 +308,12 @@ def test_a_tie_gets_no_bold_but_a_dagger(tmp_path):
     from tests.test_regress import edit_records
 
     run_dir = write_run(tmp_path / "r", methods=("pld", "eagle"))
-    pld = {prompt_key(r): r for r in RunDir(run_dir).records() if r["method"] == "pld"}
+    pld = {r.prompt: r for r in RunDir(run_dir).read_records() if r.method == "pld"}
 
-    def copy_pld(rec):
-        if rec["method"] == "eagle":
-            rec.update(steps=pld[prompt_key(rec)]["steps"], wall_s=pld[prompt_key(rec)]["wall_s"])
+    def copy_pld(line):  # a line of the file, edited as JSON
+        if line["method"] == "eagle":
+            same = pld[Record.from_dict(line).prompt]
+            line.update(steps=same.steps.to_json_dict(), wall_s=same.wall_s)
     edit_records(run_dir, copy_pld)
     tables.write_tables(load_stats(run_dir))
     md = (run_dir / "tables" / "main.md").read_text()

@@ -21,6 +21,7 @@ from harness.runs.metrics import (
     tau,
     write_summary,
 )
+from harness.runs.record import Record
 from harness.runs.results import RunDir, default_run_dir, record_key
 
 
@@ -49,6 +50,11 @@ def rec(method="pld", qid=0, new_tokens=10, wall_s=1.0, tokens=(), accepted=(), 
     return r
 
 
+def typed(records):
+    """The metrics read Records: hand-made lines go through `Record.from_dict`, as a file's do."""
+    return [Record.from_dict(r) for r in records]
+
+
 def div(near_tie=False, inherited=False):
     return {"position": 3, "top1": 20.0, "gap": 0.1, "near_tie": near_tie, "inherited": inherited}
 
@@ -69,23 +75,25 @@ def run_records():
 # ----------------------------------------------------------------------------- metrics
 
 def test_tau_and_per_depth(run_records):
-    pld = [r for r in run_records if r["method"] == "pld"]
+    pld = typed(r for r in run_records if r["method"] == "pld")
     assert tau(pld) == 28 / 8
     # accepted = 2,1,3,3,3,3,3,2 -> >=1: 8/8, >=2: 7/8, >=3: 5/8
     assert per_depth_acceptance(pld) == [1.0, 0.875, 0.625]
-    assert per_depth_acceptance([r for r in run_records if r["method"] == "ar"]) == []
+    assert per_depth_acceptance(typed(r for r in run_records if r["method"] == "ar")) == []
+    assert [metrics.depth_acceptance(d).of(pld) for d in (1, 3, 4)] == [1.0, 0.625, 0.0]
 
 
 def test_ar_tau_is_one_with_or_without_steps(run_records):
-    ar = [r for r in run_records if r["method"] == "ar"]
+    ar = typed(r for r in run_records if r["method"] == "ar")
     assert tau(ar) == 1.0
     bare = rec("ar", 2, 7, 1.0)
     del bare["steps"]
-    assert tau([bare]) == 1.0
+    assert tau(typed([bare])) == 1.0
+    assert math.isnan(tau(typed([dict(bare, method="pld")])))  # a drafter's record without steps counts none
 
 
 def test_summarize_exact_numbers(run_records):
-    df = summarize(run_records)
+    df = summarize(typed(run_records))
     assert list(df.columns) == SUMMARY_COLUMNS
     assert list(df["method"]) == ["ar", "pld"]  # ar first although it appears later
     ar, pld = df.iloc[0], df.iloc[1]
@@ -109,7 +117,7 @@ def test_speedup_pairs_same_prompts_only(run_records):
         rec("pld", 0, 10, 1.0, [5, 4], [4, 3], temperature=0.7, acceptance="lossless"),
         rec("pld", 5, 10, 1.0, [5, 4], [4, 3], benchmark="gsm8k"),
     ]
-    df = summarize(run_records + extra).set_index(["method", "benchmark", "temperature"])
+    df = summarize(typed(run_records + extra)).set_index(["method", "benchmark", "temperature"])
     greedy = df.loc[("pld", "mt_bench", 0.0)]
     assert greedy["answers"] == 3 and greedy["speedup"] == 2.0 and greedy["tokens_per_s"] == 12.0
     sampled = df.loc[("pld", "mt_bench", 0.7)]
@@ -120,22 +128,26 @@ def test_speedup_pairs_same_prompts_only(run_records):
 
 
 def test_answer_sums_pool_variants_with_ar_counted_once():
-    """τ and speedup of summary.csv and of the tables are ratios of `AnswerSums`. Two variants of one
-    method answering one prompt share one summary.csv row, in which AR's answer counts once; each
-    variant alone is paired with it in full. Weights (a bootstrap) give one estimate per resample."""
+    """τ and speedup of summary.csv and of the tables are the named metrics TAU and SPEEDUP. Two
+    variants of one method answering one prompt share one summary.csv row, in which AR's answer
+    counts once; each variant alone is paired with it in full. Weights (a bootstrap) give one
+    estimate per resample."""
     a = dict(rec("pld", 0, 10, 1.0, [5, 5], [4, 4]), config_hash="a")
     b = dict(rec("pld", 0, 30, 1.0, [10, 10, 10], [9, 9, 9]), config_hash="b")
     for r in (a, b):
         r["key"] = record_key(r)
-    ar = rec("ar", 0, 10, 2.0, [1] * 9, [0] * 9)
+    a, b, ar = typed([a, b, rec("ar", 0, 10, 2.0, [1] * 9, [0] * 9)])
     by_prompt = metrics.ar_by_prompt([a, b, ar])
-    pooled = metrics.AnswerSums.of([a, b], by_prompt)
-    assert float(pooled.tau()) == 40 / 5
-    assert pooled.throughputs() == (20.0, 5.0) and float(pooled.speedup()) == 4.0
-    assert float(metrics.AnswerSums.of([a], by_prompt).speedup()) == 2.0
-    assert pooled.tau(np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]]))[:2].tolist() == [8.0, 5.0]
-    assert math.isnan(pooled.tau(np.zeros((1, 2)))[0])  # a resample without a step
-    assert math.isnan(float(metrics.AnswerSums.of([a]).speedup()))  # no AR answer to pair with
+    taus, pairs = metrics.TAU.rows([a, b]), metrics.SPEEDUP.rows([a, b], by_prompt)
+    assert float(metrics.TAU.estimate(taus)) == metrics.TAU.of([a, b]) == 40 / 5
+    assert metrics.SPEEDUP.sides(pairs) == (20.0, 5.0) and float(metrics.SPEEDUP.estimate(pairs)) == 4.0
+    assert metrics.SPEEDUP.of([a], by_prompt) == 2.0
+    assert metrics.TAU.estimate(taus, np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]]))[:2].tolist() == [8.0, 5.0]
+    assert math.isnan(metrics.TAU.estimate(taus, np.zeros((1, 2)))[0])  # a resample without a step
+    assert math.isnan(metrics.SPEEDUP.of([a]))  # no AR answer to pair with
+    reps = metrics.TAU.replicates(taus, ("cell",), resamples=50)
+    assert reps.shape == (50,) and set(reps) <= {8.0, 10 / 2, 30 / 3}  # each resample: some mix of a and b
+    assert np.array_equal(reps, metrics.TAU.replicates(taus, ("cell",), resamples=50))  # seeded by the cell
     row = summarize([a, b, ar]).set_index("method").loc["pld"]
     assert (row["tau"], row["speedup"], row["tokens_per_s"], row["ar_tokens_per_s"]) == (8.0, 4.0, 20.0, 5.0)
 
@@ -143,12 +155,12 @@ def test_answer_sums_pool_variants_with_ar_counted_once():
 def test_summary_order_and_dedupe(run_records, tmp_path):
     recs = [rec("eagle2", 0, 10, 1.0, [2] * 5, [1] * 5, benchmark="gsm8k")] + run_records
     recs.append(dict(run_records[0]))  # same key again: counted once
-    df = summarize(recs)
+    df = summarize(typed(recs))
     assert list(zip(df["method"], df["benchmark"])) == [
         ("ar", "mt_bench"), ("eagle2", "gsm8k"), ("pld", "mt_bench"),
     ]
     assert df.set_index("method").loc["pld", "answers"] == 2
-    out = write_summary(recs, tmp_path / "summary.csv")
+    out = write_summary(typed(recs), tmp_path / "summary.csv")
     text = (tmp_path / "summary.csv").read_text().splitlines()
     assert text[0] == ",".join(SUMMARY_COLUMNS)
     assert out.set_index("method").loc["pld", "draft_ms_per_step"] == 1.62  # 1.625 rounded half-even
@@ -326,9 +338,10 @@ def test_attach_divergences_marks_later_turns_inherited():
     # Seeds differ per turn (as the runner derives them); turn 0 diverges, so turn 1 is inherited.
     recs = [rec("ar", 0, [1, 2, 3], 11), rec("ar", 1, [4, 5], 22), rec("pld", 0, [1, 9, 3], 11),
             rec("pld", 1, [7, 5], 22)]
-    attach_divergences(recs)
-    assert recs[2]["divergence"]["position"] == 1 and not recs[2]["divergence"]["inherited"]
-    assert recs[3]["divergence"]["inherited"] is True
+    recs = attach_divergences(typed(recs))
+    assert recs[2].divergence["position"] == 1 and not recs[2].divergence["inherited"]
+    assert recs[3].divergence["inherited"] is True
+    assert recs[0].divergence is None and recs[0].to_json_dict().get("divergence") is None
 
 
 def test_summary_reports_what_other_processes_used(run_records):
@@ -338,6 +351,6 @@ def test_summary_reports_what_other_processes_used(run_records):
     recs = [dict(r) for r in run_records]
     pld = [r for r in recs if r["method"] == "pld"]
     pld[0]["other_cpu_cores"], pld[1]["other_cpu_cores"] = 0.1, 0.4
-    df = summarize(recs).set_index("method")
+    df = summarize(typed(recs)).set_index("method")
     assert df.loc["pld", "other_cpu_cores"] == 0.25
     assert math.isnan(df.loc["ar", "other_cpu_cores"])

@@ -7,7 +7,7 @@ hollow. Every figure ends with a caption line: target, dtype, machine, answers p
 and the interval shown. Files: `plots/{speedup,tau,depth,time}.{png,svg}` (+ `ablation.*` for
 `cli.py ablate` folders); `history.{png,svg}` for `cli.py history`. PNG and SVG carry no date or
 software version, so a rebuild gives identical files. Only drawing happens here: the numbers come
-precomputed in a `RunStats` (harness/runs/statistics.py).
+precomputed in a `RunStats` (harness/report/statistics.py).
 """
 from __future__ import annotations
 
@@ -22,19 +22,11 @@ import pandas as pd
 
 from harness.core.errors import SpecbenchError
 from harness.report.tables import answers_text, benchmark_title, frame_label, setting_text
-from harness.runs.metrics import AR_METHOD
-from harness.runs.statistics import (
-    CI_LEVEL,
-    MEAN,
-    Cell,
-    Row,
-    RunData,
-    RunStats,
-    display_label,
-    fmt_temperature,
-    is_lossy,
-    row_label,
-)
+from harness.report.cells import Cell
+from harness.report.statistics import RunStats
+from harness.runs.metrics import CI_LEVEL
+from harness.runs.record import AR_METHOD, is_lossy
+from harness.runs.run_data import MEAN, Row, RunData, display_label, fmt_temperature, row_label
 from methods.registry import method_info
 
 # Several variants of one method (ablations): one colour each, in variant order, after the

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from harness.report.plots import write_plots
 from harness.report.run_readme import write_run_readme
+from harness.report.statistics import load_stats
 from harness.report.tables import write_tables
-from harness.runs.statistics import load_stats
 
 
 def write_report(run_dir: Path, ci: bool = False, tables: bool = True, plots: bool = True) -> list[Path]:

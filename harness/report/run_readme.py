@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.core.verify import default_rule
 from harness.runs.runner import TREE_BUDGET
-from harness.runs.statistics import RunData, display_label, fmt_temperature, load_run
+from harness.runs.run_data import RunData, display_label, fmt_temperature, load_run
 from methods.registry import method_info
 
 README = "README.md"
@@ -159,12 +159,12 @@ def _acceptance(run: RunData) -> str:
 def _answers(run: RunData) -> str:
     """Questions and answers per method on each benchmark (every turn is an answer), benchmarks
     alike grouped; a row short of the others (an unfinished run) is named."""
-    per_row = Counter((row, r["benchmark"]) for row in run.rows for r in run.row_records(row))
+    per_row = Counter((row, r.benchmark) for row in run.rows for r in run.row_records(row))
     groups: dict[tuple[int, int], list[str]] = {}
     short = []
     for b in run.benchmarks:
         counts = [per_row[(row, b)] for row in run.rows]
-        questions = len({r["question_id"] for r in run.records if r["benchmark"] == b})
+        questions = len({r.question_id for r in run.records if r.benchmark == b})
         groups.setdefault((questions, max(counts, default=0)), []).append(b)
         short += [f"{row.label} on {b} ({per_row[(row, b)]})" for row in run.rows if per_row[(row, b)] < max(counts)]
     text = "; ".join(f"{', '.join(bs)}: {q} questions, {a} answers per table row" for (q, a), bs in groups.items())

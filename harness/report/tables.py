@@ -12,7 +12,7 @@ were measured.
 
 Files: `tables/{main,cost,depth}.{md,tex,csv}` (`ablation.*` instead of `main.*` for `cli.py
 ablate` folders; `turns.*` where a benchmark has several turns). Only rendering happens here: the
-numbers come precomputed in a `RunStats` (harness/runs/statistics.py).
+numbers come precomputed in a `RunStats` (harness/report/statistics.py).
 """
 from __future__ import annotations
 
@@ -25,19 +25,10 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
-from harness.runs.statistics import (
-    CI_LEVEL,
-    MEAN,
-    MEAN_DEFINITION,
-    Cell,
-    ColumnCells,
-    Row,
-    RunData,
-    RunStats,
-    fmt_temperature,
-    main_frame,
-    row_label,
-)
+from harness.report.cells import MEAN_DEFINITION, Cell, ColumnCells
+from harness.report.statistics import RunStats, main_frame
+from harness.runs.metrics import CI_LEVEL
+from harness.runs.run_data import MEAN, Row, RunData, fmt_temperature, row_label
 
 NOTE = ("Speedup: tokens/s over plain decoding (AR) on the same prompts in the same run (Σ tokens / Σ seconds); "
         "τ: new tokens per verify step (bonus token included). ")

@@ -113,7 +113,10 @@ def cell_task(cfg: RunConfig, grid: GridRef, cell: Cell, existing: dict[str, dic
     if fail_marker and not Path(fail_marker).exists():
         runner._answer = _dying(runner._answer, Path(fail_marker))
     node = {"node": socket.gethostname(), "pid": os.getpid(), "threads": torch.get_num_threads()}
-    return [{**rec, "worker": node} for rec in runner.cell_records(slot, cell.benchmark, existing)]
+    records = runner.cell_records(slot, cell.benchmark, existing)
+    for rec in records:
+        rec.extra["worker"] = node  # written after the record's own fields
+    return records
 
 
 def _dying(answer, marker: Path):
@@ -153,7 +156,7 @@ def execute_grid_on_ray(runners: list[Runner], config: dict[str, Any], address: 
     run_dir.open({**config, "methods_resolved": resolved["methods_resolved"]})
     if first.data_dir is not None:
         run_dir.write_extra({"data_dir": str(first.data_dir), "official_prompts": verify_data_dir(first.data_dir)})
-    existing = {r["key"]: r for r in run_dir.records()}
+    existing = {r.key: r for r in run_dir.read_records()}
 
     # The cells, each once: AR's answers are keyed without the rule, so the runners of one
     # temperature (lossless and typical) share AR's cells. The drafters live in the workers: the
@@ -188,9 +191,9 @@ def execute_grid_on_ray(runners: list[Runner], config: dict[str, Any], address: 
             done, _ = ray.wait(list(pending), num_returns=1)
             cell, keys = pending.pop(done[0])
             for rec in ray.get(done[0]):
-                if rec["key"] not in existing:  # one writer, each key once
+                if rec.key not in existing:  # one writer, each key once
                     run_dir.append(rec)
-                    existing[rec["key"]] = rec
+                    existing[rec.key] = rec
             progress.update(bar, advance=len(keys), description=f"T={runners[cell.runner].cfg.temperature:g} "
                                                                  f"{cell.benchmark} {cell.label or cell.method}")
     first.write_summary()

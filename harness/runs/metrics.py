@@ -1,22 +1,29 @@
-"""Metrics computed from answer records: tau, speedup, per-depth acceptance, divergence from AR.
+"""Metrics of answer records (`harness.runs.record.Record`: its fields, and what older files hold),
+defined once: τ, speedup, per-depth acceptance and tokens per verify as named ratio-of-sums
+metrics with their bootstrap intervals; summary.csv; each greedy answer's divergence from AR.
 
-Everything here reads the records of `records.jsonl` (schema in harness/results.py and
-DESIGN.md "Records") and nothing else, so tables can be rebuilt from a run directory alone.
-
-- tau = Σ steps.tokens / Σ verify steps (prefill excluded, bonus token included, tokens after
-  EOS or the limit trimmed). AR yields one token per step, so its tau is exactly 1.
-- speedup = (Σ new_tokens / Σ wall_s of the method) / (Σ new_tokens / Σ wall_s of AR) over the
-  same prompts (benchmark, question_id, turn, temperature, top_p, seed) of the same records,
-  paired regardless of acceptance: a ratio of throughputs, not a mean of per-question ratios.
-
-Both are computed in one place, `AnswerSums`: summary.csv (`summarize`) here, and the tables,
-plots and bootstrap intervals of harness/runs/statistics.py, take their numbers from it.
+Every metric is a `RatioOfSums`: each answer gives a numerator and a denominator (`terms`) and
+the metric is Σ numerators / Σ denominators over the answers, never a mean of per-answer ratios,
+so a long answer weighs what it weighs in the user's wait:
+- `TAU` = Σ new tokens / Σ verify steps (prefill excluded, bonus token included, tokens after
+  EOS or the limit trimmed). AR yields one token per step, so its τ is exactly 1.
+- `SPEEDUP` (paired) = (Σ new_tokens / Σ wall_s of the method) / (Σ new_tokens / Σ wall_s of AR)
+  over the same prompts (`Record.prompt`) of the same records, paired regardless of acceptance: a
+  ratio of throughputs, not a mean of per-question ratios.
+- `depth_acceptance(d)` = verify steps that accepted at least d drafts / verify steps.
+- `TOKENS_PER_VERIFY` = Σ draft tokens verified (tree nodes under the root) / Σ verify steps.
+A metric's 95% interval is a percentile bootstrap over answers (`RatioOfSums.replicates`;
+`N_BOOTSTRAP` resamples seeded from the metric's name and the cell, so a rebuild gives identical
+files). summary.csv (`summarize`, here), the tables and plots (harness/report/) and the τ
+baselines (harness/runs/regress.py) take their numbers from these definitions, and `cli.py
+bench` its τ.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-AR_METHOD = "ar"
+from harness.runs.record import AR_METHOD, Record
+
+N_BOOTSTRAP = 2000
+CI_LEVEL = 0.95
 SUMMARY_COLUMNS = [
     "method", "benchmark", "temperature", "acceptance", "answers", "new_tokens", "tau", "speedup",
     "tokens_per_s", "ar_tokens_per_s", "draft_ms_per_step", "verify_ms_per_step", "mismatches",
@@ -36,42 +46,45 @@ ROUNDING = {
     "tau": 4, "speedup": 4, "tokens_per_s": 2, "ar_tokens_per_s": 2,
     "draft_ms_per_step": 2, "verify_ms_per_step": 2, "other_cpu_cores": 2,
 }
-# The fields that make "the same prompt" for pairing a method's answer with AR's.
-PROMPT_FIELDS = ("benchmark", "question_id", "turn", "temperature", "top_p", "seed")
+ByPrompt = Mapping[tuple, Sequence[Record]]
 
 
-# ----------------------------------------------------------------------------- per-record helpers
+# ----------------------------------------------------------------------------- per-answer terms
 
-def _steps(rec: dict) -> dict:
-    return rec.get("steps") or {}
-
-
-def tokens_and_steps(rec: dict) -> tuple[int, int]:
+def tokens_and_steps(rec: Record) -> tuple[int, int]:
     """(Σ tokens over verify steps, number of verify steps) of one answer.
 
     An AR record that logs no steps counts one step per token not produced by the prefill, which
     is what AR does; a drafter record without steps counts nothing.
     """
-    tokens = _steps(rec).get("tokens")
+    tokens = rec.steps.tokens
     if tokens is not None:
         return int(sum(tokens)), len(tokens)
-    if rec.get("method") == AR_METHOD:
-        n = int(rec.get("new_tokens", 0)) - int(bool(rec.get("first_token_from_prefill", False)))
+    if rec.is_ar:
+        n = int(rec.new_tokens) - int(bool(rec.first_token_from_prefill))
         return max(n, 0), max(n, 0)
     return 0, 0
 
 
-def prompt_key(rec: dict) -> tuple:
-    """Identity of the prompt an answer is for; numbers normalised so 0 and 0.0 pair."""
-    return (
-        rec["benchmark"], int(rec["question_id"]), int(rec["turn"]), float(rec["temperature"]),
-        float(rec.get("top_p", 1.0)), int(rec["seed"]),
-    )
+def dedupe(records: Iterable[Record]) -> list[Record]:
+    """One record per key, the last one winning: records merged from resumed or parallel runs
+    may repeat an answer, and counting it twice would skew every sum."""
+    by_key: dict[str, Record] = {}
+    for rec in records:
+        by_key[rec.key] = rec  # keeps the first occurrence's place, so row order is unchanged
+    return list(by_key.values())
 
 
-def _ratio(num: float, den: float) -> float:
-    return num / den if den else math.nan
+def ar_by_prompt(records: Iterable[Record]) -> dict[tuple, list[Record]]:
+    """AR's answers by `Record.prompt`: what a method's answer is paired with for its speedup."""
+    out: dict[tuple, list[Record]] = {}
+    for rec in records:
+        if rec.is_ar:
+            out.setdefault(rec.prompt, []).append(rec)
+    return out
 
+
+# ----------------------------------------------------------------------------- ratio-of-sums metrics
 
 def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den elementwise, NaN where den is 0 (a resample may draw no verify step)."""
@@ -79,165 +92,180 @@ def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den != 0, num / np.where(den != 0, den, 1.0), np.nan)
 
 
-def _throughput(records: Iterable[dict]) -> float:
-    """Σ new_tokens / Σ wall_s: long answers weigh more, as they do in the user's wait."""
-    records = list(records)
-    return _ratio(sum(r["new_tokens"] for r in records), sum(r["wall_s"] for r in records))
+def column_sums(rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Σ of each column of `rows` [answers, k]: [k]; with `weights` [resamples, answers] (a
+    bootstrap's draw counts), [resamples, k]."""
+    # Column by column (numpy's pairwise sum): the order the committed tables were summed in, so
+    # a rebuild matches them to the last digit; a bootstrap sums each resample by matmul.
+    if weights is None:
+        return np.array([rows[:, j].sum() for j in range(rows.shape[1])])
+    return weights @ rows
 
 
-def dedupe(records: Iterable[dict]) -> list[dict]:
-    """One record per key, the last one winning: records merged from resumed or parallel runs
-    may repeat an answer, and counting it twice would skew every sum."""
-    from harness.runs.results import record_key  # local: keeps metrics importable on its own
-
-    by_key: dict[str, dict] = {}
-    for rec in records:
-        key = rec.get("key") or record_key(rec)
-        by_key[key] = rec  # keeps the first occurrence's place, so row order is unchanged
-    return list(by_key.values())
+def seed_of(*parts: Any) -> int:
+    """A bootstrap seed from a cell's identity: the same cell resamples alike in every rebuild."""
+    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "little")
 
 
-def ar_by_prompt(records: Iterable[dict]) -> dict[tuple, list[dict]]:
-    """AR's answers by `prompt_key`: what a method's answer is paired with for its speedup."""
-    out: dict[tuple, list[dict]] = {}
-    for rec in records:
-        if rec["method"] == AR_METHOD:
-            out.setdefault(prompt_key(rec), []).append(rec)
-    return out
+def bootstrap_weights(n: int, seed: int, resamples: int) -> np.ndarray:
+    """[resamples, n] counts of each answer in each bootstrap resample."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(float)
 
 
-# ----------------------------------------------------------------------------- τ and speedup
+def interval(reps: np.ndarray | None) -> tuple[float, float]:
+    """The `CI_LEVEL` percentile interval of bootstrap replicates; NaNs without any finite one."""
+    if reps is None or not np.isfinite(reps).any():
+        return math.nan, math.nan
+    lo, hi = np.nanpercentile(reps, [50 * (1 - CI_LEVEL), 100 - 50 * (1 - CI_LEVEL)])
+    return float(lo), float(hi)
+
 
 @dataclass(frozen=True)
-class AnswerSums:
-    """The per-answer numbers that τ and speedup are ratios of sums of: the one computation behind
-    summary.csv, the tables, the plots and the regression baselines.
+class RatioOfSums:
+    """A metric Σ numerator / Σ denominator over answers, each answer giving `terms(record)`.
 
-    `counts` is [answers, 2]: tokens and verify steps (`tokens_and_steps`). `pairs` is [answers that
-    have an AR answer to the same prompt, 4]: tokens, wall_s, AR tokens, AR wall_s. An AR answer
-    shared by k answers of the set (variants of one method pooled in one summary.csv row) is
-    split k ways, so it counts once, as AR answered it once.
-
-    `weights` ([resamples, rows]: how often each row is drawn, a bootstrap) gives one estimate per
-    resample; without it, the estimate over the answers as they are.
+    `paired`: the method's ratio over AR's on the same prompts, (Σ num / Σ den) / (Σ AR num /
+    Σ AR den), over the answers that have an AR answer to their prompt. An AR answer shared by k
+    answers of the set (variants of one method pooled in one summary.csv row) is split k ways, so it
+    counts once, as AR answered it once.
     """
 
-    counts: np.ndarray
-    pairs: np.ndarray
+    name: str
+    terms: Callable[[Record], tuple[float, float]]
+    paired: bool = False
 
-    @classmethod
-    def of(cls, records: Sequence[dict], ar: dict[tuple, list[dict]] | None = None) -> AnswerSums:
+    def rows(self, records: Sequence[Record], ar: ByPrompt | None = None) -> np.ndarray:
+        """Each answer's terms: [answers, 2]; paired: [answers with an AR pair, 4], AR's share after."""
+        if not self.paired:
+            return np.array([self.terms(r) for r in records], dtype=float).reshape(-1, 2)
         ar = ar or {}
-        counts = np.array([tokens_and_steps(r) for r in records], dtype=float).reshape(-1, 2)
-        keys = [prompt_key(r) for r in records]
+        keys = [r.prompt for r in records]
         shared = Counter(k for k in keys if ar.get(k))
-        pairs = [(r["new_tokens"], r["wall_s"], sum(a["new_tokens"] for a in ar[k]) / shared[k],
-                  sum(a["wall_s"] for a in ar[k]) / shared[k]) for r, k in zip(records, keys) if ar.get(k)]
-        return cls(counts, np.array(pairs, dtype=float).reshape(-1, 4))
+        rows = []
+        for rec, k in zip(records, keys):
+            if ar.get(k):
+                theirs = [self.terms(a) for a in ar[k]]
+                rows.append((*self.terms(rec), sum(t[0] for t in theirs) / shared[k],
+                             sum(t[1] for t in theirs) / shared[k]))
+        return np.array(rows, dtype=float).reshape(-1, 4)
 
-    @staticmethod
-    def _sums(rows: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-        # Column by column (numpy's pairwise sum): the order the committed tables were summed in, so
-        # a rebuild matches them to the last digit; a bootstrap sums each resample by matmul.
-        if weights is None:
-            return np.array([rows[:, j].sum() for j in range(rows.shape[1])])
-        return weights @ rows
-
-    def tau(self, weights: np.ndarray | None = None) -> np.ndarray:
-        """Σ tokens / Σ verify steps (a 0-d array without weights); NaN with no steps."""
-        s = self._sums(self.counts, weights)
+    def estimate(self, rows: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """The metric over `rows` (a 0-d array), or one per resample of `weights`; NaN where a
+        denominator sums to 0 (no verify step, no AR pair)."""
+        s = column_sums(rows, weights)
+        if self.paired:
+            return _ratios(s[..., 0] * s[..., 3], s[..., 1] * s[..., 2])
         return _ratios(s[..., 0], s[..., 1])
 
-    def speedup(self, weights: np.ndarray | None = None) -> np.ndarray:
-        """(Σ tokens / Σ s) / (Σ AR tokens / Σ AR s) over the paired answers; NaN with no pair."""
-        s = self._sums(self.pairs, weights)
-        return _ratios(s[..., 0] * s[..., 3], s[..., 1] * s[..., 2])
+    def of(self, records: Sequence[Record], ar: ByPrompt | None = None) -> float:
+        """The metric over `records` (AR's answers by prompt for a paired one)."""
+        return float(self.estimate(self.rows(records, ar)))
 
-    def throughputs(self) -> tuple[float, float]:
-        """(tokens/s of the paired answers, AR's tokens/s on their prompts); their ratio is `speedup`."""
-        s = self._sums(self.pairs, None)
+    def replicates(self, rows: np.ndarray, cell: Sequence[Any], resamples: int = N_BOOTSTRAP) -> np.ndarray | None:
+        """`resamples` bootstrap estimates over `rows`, drawn with a seed from the metric's name and
+        `cell` (the cell's identity); None without rows or resamples. `interval` turns them into
+        the 95% interval."""
+        if not resamples or not len(rows):
+            return None
+        return self.estimate(rows, bootstrap_weights(len(rows), seed_of(self.name, *cell), resamples))
+
+    def sides(self, rows: np.ndarray) -> tuple[float, float]:
+        """A paired metric's two ratios, (Σ num / Σ den, Σ AR num / Σ AR den): speedup's tokens/s
+        of the answers and AR's tokens/s on their prompts."""
+        s = column_sums(rows)
         return float(_ratios(s[0], s[1])), float(_ratios(s[2], s[3]))
 
 
-def tau(records: Sequence[dict]) -> float:
-    """Mean accepted length: Σ steps.tokens / Σ verify steps over the answers; NaN with no steps."""
-    return float(AnswerSums.of(records).tau())
+def _accepted(rec: Record) -> list[int]:
+    return rec.steps.accepted or []
 
 
-def per_depth_acceptance(records: Iterable[dict]) -> list[float]:
-    """For depth d = 1..max accepted, the share of verify steps that accepted at least d drafts.
-
-    Element 0 is depth 1. Empty when there are no steps (AR, or no answers).
-    """
-    accepted = [a for rec in records for a in _steps(rec).get("accepted", [])]
-    if not accepted:
-        return []
-    n = len(accepted)
-    return [sum(a >= d for a in accepted) / n for d in range(1, max(accepted) + 1)]
+TAU = RatioOfSums("tau", tokens_and_steps)
+SPEEDUP = RatioOfSums("speedup", lambda r: (r.new_tokens, r.wall_s), paired=True)
+TOKENS_PER_VERIFY = RatioOfSums("tokens_per_verify", lambda r: (sum(r.steps.tree_size or []), tokens_and_steps(r)[1]))
 
 
-def _ms_per_step(records: list[dict], column: str) -> float:
-    total = sum(sum(_steps(r).get(column, [])) for r in records)
-    steps = sum(len(_steps(r).get("tokens", _steps(r).get(column, []))) for r in records)
-    return _ratio(total, steps)
+def depth_acceptance(depth: int) -> RatioOfSums:
+    """The share of verify steps whose accepted path reached `depth` (1-based) drafts."""
+    return RatioOfSums(f"depth{depth}", lambda r: (sum(a >= depth for a in _accepted(r)), len(_accepted(r))))
+
+
+def tau(records: Sequence[Record]) -> float:
+    """`TAU` over `records`: mean accepted length; NaN with no steps."""
+    return TAU.of(records)
+
+
+def per_depth_acceptance(records: Sequence[Record]) -> list[float]:
+    """`depth_acceptance(d)` for d = 1..the deepest acceptance (element 0 is depth 1). Empty when
+    no step accepted a draft (AR, or no answers)."""
+    deepest = max((max(_accepted(r)) for r in records if _accepted(r)), default=0)
+    return [depth_acceptance(d).of(records) for d in range(1, deepest + 1)]
 
 
 # ----------------------------------------------------------------------------- summary.csv
 
-def _mean_of(recs: list[dict], field: str) -> float:
-    """Mean of a field over the records that have it (NaN where none does: runs before it existed)."""
-    values = [r[field] for r in recs if r.get(field) is not None]
-    return float(np.mean(values)) if values else math.nan
+def _ms_per_step(records: list[Record], column: Callable[[Record], list[float] | None]) -> float:
+    total = sum(sum(column(r) or []) for r in records)
+    steps = sum(len(r.steps.tokens if r.steps.tokens is not None else column(r) or []) for r in records)
+    return total / steps if steps else math.nan
 
 
-def summarize(records: list[dict]) -> pd.DataFrame:
+def _throughput(records: list[Record]) -> float:
+    """Σ new_tokens / Σ wall_s of answers that have no AR pair (AR's own rows among them)."""
+    seconds = sum(r.wall_s for r in records)
+    return sum(r.new_tokens for r in records) / seconds if seconds else math.nan
+
+
+def summarize(records: list[Record]) -> pd.DataFrame:
     """One row per (method, benchmark, temperature, acceptance) with SUMMARY_COLUMNS.
 
     AR rows are included (tau 1, speedup 1). tokens_per_s, ar_tokens_per_s and speedup are taken
-    over the answers that have an AR answer for the same prompt (`AnswerSums`, as in the tables),
+    over the answers that have an AR answer for the same prompt (`SPEEDUP`, as in the tables),
     so speedup is tokens_per_s / ar_tokens_per_s; a row with no AR pair has speedup and
     ar_tokens_per_s NaN and tokens_per_s over all its answers. Rows: ar first, then methods in
     order of first appearance; within a method, benchmarks in order of first appearance, then
-    temperature ascending, then acceptance in order of first appearance.
+    temperature ascending, then acceptance in order of first appearance. `other_cpu_cores`: the
+    mean over the answers that measured it (NaN for runs before it existed).
     """
     records = dedupe(records)
     if not records:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
 
     ar = ar_by_prompt(records)
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[Record]] = {}
     for rec in records:
-        group = (rec["method"], rec["benchmark"], float(rec["temperature"]), rec["acceptance"])
-        groups.setdefault(group, []).append(rec)
+        groups.setdefault((rec.method, rec.benchmark, rec.temperature, rec.acceptance), []).append(rec)
 
     rows: list[dict[str, Any]] = []
     for (method, benchmark, temperature, acceptance), recs in groups.items():
-        sums = AnswerSums.of(recs, ar)
+        pairs = SPEEDUP.rows(recs, ar)
         if method == AR_METHOD:
             tps = _throughput(recs)
             ar_tps, speedup = tps, 1.0
-        elif len(sums.pairs):
-            tps, ar_tps = sums.throughputs()
-            speedup = float(sums.speedup())
+        elif len(pairs):
+            tps, ar_tps = SPEEDUP.sides(pairs)
+            speedup = float(SPEEDUP.estimate(pairs))
         else:
             tps, ar_tps, speedup = _throughput(recs), math.nan, math.nan
         diverged = own_divergences(recs)
+        cores = [r.other_cpu_cores for r in recs if r.other_cpu_cores is not None]
         rows.append({
             "method": method,
             "benchmark": benchmark,
             "temperature": temperature,
             "acceptance": acceptance,
             "answers": len(recs),
-            "new_tokens": int(sum(r["new_tokens"] for r in recs)),
-            "tau": float(sums.tau()),
+            "new_tokens": int(sum(r.new_tokens for r in recs)),
+            "tau": TAU.of(recs),
             "speedup": speedup,
             "tokens_per_s": tps,
             "ar_tokens_per_s": ar_tps,
-            "draft_ms_per_step": _ms_per_step(recs, "draft_ms"),
-            "verify_ms_per_step": _ms_per_step(recs, "verify_ms"),
+            "draft_ms_per_step": _ms_per_step(recs, lambda r: r.steps.draft_ms),
+            "verify_ms_per_step": _ms_per_step(recs, lambda r: r.steps.verify_ms),
             "mismatches": len(diverged),
             "mismatches_near_tie": sum(bool(d.get("near_tie")) for d in diverged),
-            "other_cpu_cores": _mean_of(recs, "other_cpu_cores"),
+            "other_cpu_cores": float(np.mean(cores)) if cores else math.nan,
         })
 
     def first_seen(values: Iterable[str]) -> dict[str, int]:
@@ -246,10 +274,9 @@ def summarize(records: list[dict]) -> pd.DataFrame:
             order.setdefault(v, len(order))
         return order
 
-    method_rank = first_seen(r["method"] for r in records)
-    method_rank = {m: (m != AR_METHOD, i) for m, i in method_rank.items()}
-    bench_rank = first_seen(r["benchmark"] for r in records)
-    accept_rank = first_seen(r["acceptance"] for r in records)
+    method_rank = {m: (m != AR_METHOD, i) for m, i in first_seen(r.method for r in records).items()}
+    bench_rank = first_seen(r.benchmark for r in records)
+    accept_rank = first_seen(r.acceptance for r in records)
     rows.sort(key=lambda row: (
         method_rank[row["method"]], bench_rank[row["benchmark"]], row["temperature"],
         accept_rank[row["acceptance"]],
@@ -257,7 +284,7 @@ def summarize(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def write_summary(records: list[dict], path: Path) -> pd.DataFrame:
+def write_summary(records: list[Record], path: Path) -> pd.DataFrame:
     """Write `summarize(records)` to CSV at `path` and return the rounded frame as written."""
     df = summarize(records).round(ROUNDING)
     df.to_csv(path, index=False)
@@ -326,40 +353,38 @@ def first_divergence(
     }
 
 
-def own_divergences(records: list[dict]) -> list[dict]:
+def own_divergences(records: list[Record]) -> list[dict]:
     """The `divergence` of each record that left AR's output by itself (not `inherited` from an
     earlier turn that already differed); records need `attach_divergences` first."""
-    return [r["divergence"] for r in records
-            if r.get("divergence") and not r["divergence"].get("inherited", False)]
+    return [r.divergence for r in records if r.divergence and not r.divergence.get("inherited", False)]
 
 
-def attach_divergences(records: list[dict]) -> list[dict]:
+def attach_divergences(records: list[Record]) -> list[Record]:
     """Fill `divergence` on every greedy (T = 0) non-AR record from AR's record for the same prompt.
 
     Done when reading, not when writing: AR runs inside a per-prompt rotation, so it may finish
     after the method, and records are appended as soon as each answer is done. A later turn whose
     earlier turn already differed from AR's is marked `inherited` (its prompt differs from AR's).
     """
-    ar = {prompt_key(r): r for r in records if r["method"] == AR_METHOD}
+    ar = {r.prompt: r for r in records if r.is_ar}
 
-    def turn_key(r: dict, turn: int) -> tuple:
+    def turn_key(r: Record, turn: int) -> tuple:
         # Seeds differ per turn, so earlier turns are found by question and settings, not seed.
-        return (r["benchmark"], r["question_id"], turn, float(r["temperature"]), float(r.get("top_p", 1.0)))
+        return (r.benchmark, r.question_id, turn, r.temperature, r.top_p)
 
-    ar_turn = {turn_key(r, r["turn"]): r for r in records if r["method"] == AR_METHOD}
-    own_turn = {(r["method"], r.get("config_hash"), turn_key(r, r["turn"])): r for r in records}
+    ar_turn = {turn_key(r, r.turn): r for r in records if r.is_ar}
+    own_turn = {(r.method, r.config_hash, turn_key(r, r.turn)): r for r in records}
     for rec in records:
-        if rec["method"] == AR_METHOD or float(rec["temperature"]) != 0.0:
+        if rec.is_ar or rec.temperature != 0.0:
             continue
-        ref = ar.get(prompt_key(rec))
+        ref = ar.get(rec.prompt)
         if ref is None:
             continue
         inherited = False
-        for turn in range(int(rec.get("turn", 0))):
-            own = own_turn.get((rec["method"], rec.get("config_hash"), turn_key(rec, turn)))
+        for turn in range(rec.turn):
+            own = own_turn.get((rec.method, rec.config_hash, turn_key(rec, turn)))
             ar_prev = ar_turn.get(turn_key(rec, turn))
-            if own is not None and ar_prev is not None and own["output_ids"] != ar_prev["output_ids"]:
+            if own is not None and ar_prev is not None and own.output_ids != ar_prev.output_ids:
                 inherited = True
-        rec["divergence"] = first_divergence(rec["output_ids"], ref["output_ids"], ref.get("ar_top1"),
-                                             ref.get("ar_gap"), inherited)
+        rec.divergence = first_divergence(rec.output_ids, ref.output_ids, ref.ar_top1, ref.ar_gap, inherited)
     return records

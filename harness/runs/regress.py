@@ -20,7 +20,8 @@ are not (they go into the history file for the record, never into a pass/fail).
   τ, depth-1 acceptance, speedup, CPU kind) in `results/history.jsonl`; `history_frame` reads it
   back with the commits where a method's τ or depth-1 acceptance moved beyond a tolerance
   (harness/report/plots.py draws it). scripts/backfill_history.py fills it from git history.
-τ and speedup are those of the tables (harness/runs/statistics.py), without their bootstrap.
+τ, speedup and per-depth acceptance are the named metrics of the tables (harness/runs/metrics.py),
+without their bootstrap.
 """
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ import pandas as pd
 from harness.core.errors import SpecbenchError
 from harness.core.hardware import BF16_KERNEL_FLAGS, cpu_kind
 from harness.core.paths import REPO_ROOT, repo_relative
-from harness.runs.metrics import per_depth_acceptance
+from harness.runs.metrics import SPEEDUP, TAU, ar_by_prompt, per_depth_acceptance
+from harness.runs.record import is_lossy
 from harness.runs.results import refuse_dirty
-from harness.runs.statistics import RunData, fmt_temperature, is_lossy, load_run, main_cells, row_label
+from harness.runs.run_data import RunData, fmt_temperature, load_run, row_label
 
 FORMAT = "specbench-baseline/1"
 DEFAULT_TOLERANCE = 0.02
@@ -53,19 +55,19 @@ EPS = 1e-9
 def run_cells(run: RunData) -> list[dict[str, Any]]:
     """Per (method, benchmark, temperature, acceptance) of a run: τ, speedup, answers, per-depth
     acceptance, config and checkpoint hash. AR is left out (its τ is 1 by construction)."""
-    cells = main_cells(run, resamples=0)
+    ar = ar_by_prompt(run.records)
     out = []
     for row in run.rows:
         for b in run.benchmarks:
             recs = run.row_records(row, b)
             if not recs:
                 continue
-            c = cells[row][b]
+            speedup = SPEEDUP.of(recs, ar)
             out.append({
                 "method": row.name, "benchmark": b, "temperature": row.temperature, "acceptance": row.acceptance,
-                "lossy": row.lossy, "tau": c.tau, "speedup": None if math.isnan(c.speedup) else c.speedup,
-                "answers": c.answers, "per_depth": [round(x, 6) for x in per_depth_acceptance(recs)],
-                "config_hash": row.config_hash, "checkpoint_hash": recs[0].get("checkpoint_hash"),
+                "lossy": row.lossy, "tau": TAU.of(recs), "speedup": None if math.isnan(speedup) else speedup,
+                "answers": len(recs), "per_depth": [round(x, 6) for x in per_depth_acceptance(recs)],
+                "config_hash": row.config_hash, "checkpoint_hash": recs[0].checkpoint_hash,
             })
     return out
 
@@ -82,22 +84,21 @@ def provenance(run: RunData) -> dict[str, Any]:
     """What must match for two runs' τ to be comparable, from meta.json and the records."""
     run_dir = run.path
     meta, config = run.meta, run.meta.get("config", {})
-    device = _one({str(r.get("device", "cpu")).split(":")[0] for r in run.records}, "device", run_dir)
+    device = _one({str(r.device).split(":")[0] for r in run.records}, "device", run_dir)
     prompts: dict[str, Any] = {}
     for b in run.benchmarks:
-        turns = sorted({(int(r["question_id"]), int(r["turn"])) for r in run.records if r["benchmark"] == b})
-        first = sorted({(int(r["question_id"]), r.get("prompt_tokens")) for r in run.records
-                        if r["benchmark"] == b and int(r["turn"]) == 0})
+        turns = sorted({(r.question_id, r.turn) for r in run.records if r.benchmark == b})
+        first = sorted({(r.question_id, r.prompt_tokens) for r in run.records if r.benchmark == b and r.turn == 0})
         digest = hashlib.sha256(json.dumps([turns, first]).encode()).hexdigest()[:12]
         prompts[b] = {"questions": sorted({q for q, _ in turns}), "answers_per_method": len(turns),
                       "digest": digest, "official": (meta.get("official_prompts") or {}).get(b)}
     checkpoints: dict[str, Any] = {}
     for r in run.records:
-        if r["method"] != "ar":
-            checkpoints.setdefault(r["method"], set()).add(r.get("checkpoint_hash"))
+        if not r.is_ar:
+            checkpoints.setdefault(r.method, set()).add(r.checkpoint_hash)
     return {
-        "target": _one({r.get("target") for r in run.records}, "target", run_dir),
-        "dtype": _one({r.get("dtype") for r in run.records}, "dtype", run_dir),
+        "target": _one({r.target for r in run.records}, "target", run_dir),
+        "dtype": _one({r.dtype for r in run.records}, "dtype", run_dir),
         "device": device,
         "cpu_flags": meta.get("cpu_flags") if device == "cpu" else None,
         "cpu_model": meta.get("cpu_model") if device == "cpu" else None,

@@ -35,6 +35,7 @@ from harness.core.target import Target, check_target_spec
 from harness.core.verify import LOSSY_RULES, Sampling, default_rule
 from harness.runs.benchmarks import PromptFile, Question, load_questions, resolve_data_dir, verify_data_dir
 from harness.runs.metrics import AR_METHOD, attach_divergences, write_summary
+from harness.runs.record import Record, Steps
 from harness.runs.results import RunDir, default_run_dir, record_key
 
 if TYPE_CHECKING:
@@ -316,25 +317,21 @@ class Runner:
         return generate(self.target, prompt_ids, cfg, slot.drafter)
 
     def _record(self, slot: MethodSlot, q: Question, turn: int, seed: int, prompt_ids: list[int],
-                g: Generation) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "method": slot.name, "method_config": slot.config, "config_hash": slot.config_hash,
-            "checkpoint_hash": slot.checkpoint_hash, "target": self.cfg.target,
-            "dtype": str(self.target.dtype).replace("torch.", ""), "device": str(self.target.device),
-            "benchmark": q.benchmark, "question_id": q.question_id, "category": q.category, "turn": turn,
-            "temperature": float(self.cfg.temperature), "top_p": float(self.cfg.top_p),
-            "acceptance": "none" if slot.drafter is None else self.cfg.acceptance, "seed": seed,
-            "lossy": slot.drafter is not None and self.cfg.acceptance in LOSSY_RULES,
-            **self._prompt_file_fields(q.benchmark),
-            "prompt_tokens": len(prompt_ids), "new_tokens": len(g.output_ids), "output_ids": g.output_ids,
-            "stop_reason": g.stop_reason, "wall_s": round(g.wall_s, 6), "prefill_s": round(g.prefill_s, 6),
-            "first_token_from_prefill": True, "steps": g.steps,
-        }
-        if g.top1 is not None:
-            rec["ar_top1"] = [round(x, 5) for x in g.top1]
-            rec["ar_gap"] = [round(x, 5) for x in g.gap]
-        rec["key"] = record_key(rec)
-        return rec
+                g: Generation) -> Record:
+        return Record(
+            method=slot.name, method_config=slot.config, config_hash=slot.config_hash,
+            checkpoint_hash=slot.checkpoint_hash, target=self.cfg.target,
+            dtype=str(self.target.dtype).replace("torch.", ""), device=str(self.target.device),
+            benchmark=q.benchmark, question_id=q.question_id, category=q.category, turn=turn,
+            temperature=float(self.cfg.temperature), top_p=float(self.cfg.top_p),
+            acceptance="none" if slot.drafter is None else self.cfg.acceptance, seed=seed,
+            lossy=slot.drafter is not None and self.cfg.acceptance in LOSSY_RULES,
+            prompt_sha256=self._prompt_file_fields(q.benchmark).get("prompt_sha256"),
+            prompt_tokens=len(prompt_ids), new_tokens=len(g.output_ids), output_ids=g.output_ids,
+            stop_reason=g.stop_reason, wall_s=round(g.wall_s, 6), prefill_s=round(g.prefill_s, 6),
+            first_token_from_prefill=True, steps=Steps.from_dict(g.steps),
+            ar_top1=None if g.top1 is None else [round(x, 5) for x in g.top1],
+            ar_gap=None if g.top1 is None else [round(x, 5) for x in g.gap])
 
     def _prompt_file_fields(self, benchmark: str) -> dict[str, str]:
         """A prompt file's SHA-256, which its records carry and their keys include."""
@@ -345,7 +342,7 @@ class Runner:
     def run_cells(self, progress: Progress, task: TaskID, prefix: str = "") -> None:
         """Answer every cell not recorded yet, advancing `task` of `progress` once per answer;
         summary.csv is rewritten after each benchmark. Methods take turns per prompt."""
-        existing = {r["key"]: r for r in self.run_dir.records()}
+        existing = {r.key: r for r in self.run_dir.read_records()}
         rotation = 0
         for bench, questions in self.questions.items():
             for q in questions:
@@ -370,7 +367,7 @@ class Runner:
         return [record_key(self._probe(slot, bench, q.question_id, turn))
                 for q in self.questions[bench] for turn in range(len(q.turns))]
 
-    def cell_records(self, slot: MethodSlot, bench: str, existing: dict[str, dict]) -> list[dict]:
+    def cell_records(self, slot: MethodSlot, bench: str, existing: dict[str, Record]) -> list[Record]:
         """Answer one cell's missing records in question and turn order and return them (the
         caller appends: on Ray the driver is the one writer). `existing`: its finished records."""
         out = []
@@ -390,7 +387,7 @@ class Runner:
                 "seed": answer_seed(self.cfg.seed, bench, question_id, turn), **self._prompt_file_fields(bench)}
 
     def _turn(self, slot: MethodSlot, q: Question, turn: int, history: list[dict],
-              existing: dict[str, dict]) -> tuple[dict | None, list[dict]]:
+              existing: dict[str, Record]) -> tuple[Record | None, list[dict]]:
         """One answer of `slot` to turn `turn` of `q` after its own `history`: (the new record, or
         None when it was recorded already, and the history extended by this turn)."""
         messages = history + [{"role": "user", "content": q.turns[turn]}]
@@ -398,14 +395,14 @@ class Runner:
         key = record_key(probe)
         rec = None
         if key in existing:
-            out_ids = existing[key]["output_ids"]
+            out_ids = existing[key].output_ids
         else:
             prompt_ids = self.target.encode_chat(messages)
             with OtherCpuUse() as others:
                 g = self._answer(slot, prompt_ids, probe["seed"])
             rec = self._record(slot, q, turn, probe["seed"], prompt_ids, g)
             if others.cores is not None:  # what other processes ran meanwhile: a contended answer's seconds are noisy
-                rec["other_cpu_cores"] = round(others.cores, 3)
+                rec.other_cpu_cores = round(others.cores, 3)
             out_ids = g.output_ids
         # Each method continues MT-Bench turn 2 from its own turn-1 answer.
         return rec, messages + [{"role": "assistant", "content": self.target.decode(out_ids).strip()}]
@@ -427,7 +424,7 @@ class Runner:
 
     def write_summary(self) -> pd.DataFrame:
         """Rewrite summary.csv from every record of the run folder; return it."""
-        records = attach_divergences(self.run_dir.records())
+        records = attach_divergences(self.run_dir.read_records())
         return write_summary(records, self.run_dir.summary_path)
 
 
@@ -436,4 +433,4 @@ def summarize_dir(path: Path) -> pd.DataFrame:
     rd = RunDir(path)
     if not rd.records_path.exists():
         raise SpecbenchError(f"{path} has no records.jsonl: not a run directory")
-    return write_summary(attach_divergences(rd.records()), rd.summary_path)
+    return write_summary(attach_divergences(rd.read_records()), rd.summary_path)
