@@ -130,7 +130,8 @@ def run(
 ):
     """Run methods and AR on the same prompts; write records.jsonl, meta.json and summary.csv. Resumes."""
     from harness.runs.benchmarks import parse_benchmarks
-    from harness.runs.runner import RunConfig, Runner, execute_grid, parse_settings
+    from harness.runs.runner import RunConfig, Runner, execute_grid
+    from harness.runs.settings import parse_settings
 
     names, files = parse_benchmarks(split_csv(benchmark))
     cfg = RunConfig(
@@ -179,7 +180,7 @@ def grid_spec(*, benchmarks: str, temperatures: list[float], limit: Optional[int
     `fields` are GridSpec fields taken as given (methods, target, dtype, seed, ...)."""
     from harness.runs.benchmarks import parse_benchmarks
     from harness.runs.compare import GridSpec
-    from harness.runs.runner import parse_settings
+    from harness.runs.settings import parse_settings
 
     defaults = {"limit": 10, "max_new_tokens": 128}
     if preset is not None:
@@ -497,7 +498,7 @@ def check_method_cmd(
     contract, begin/propose/observe across resumed answers, config keys, checkpoint round trip,
     draft time; prints a card and exits 0 only if every check passes (1 otherwise)."""
     from harness.runs.check_method import CheckOptions, check_method, render_card
-    from harness.runs.runner import check_settings, method_overrides, parse_settings, parse_tree_budget
+    from harness.runs.settings import check_settings, method_overrides, parse_settings, parse_tree_budget
     from methods.registry import get_method
 
     cls = get_method(method)
@@ -623,7 +624,7 @@ def train(
     """Train a drafter on the shared distilled data (the target's features are extracted at --dtype and
     cached first). Resumes."""
     from harness.core.target import Target
-    from harness.runs.runner import parse_settings
+    from harness.runs.settings import parse_settings
     from harness.train.pipeline import train_method
     from methods.registry import get_method
 

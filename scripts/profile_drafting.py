@@ -35,7 +35,7 @@ from harness.core.machine_meta import collect_meta  # noqa: E402
 from harness.core.packed_linear import set_packing  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import load_questions  # noqa: E402
-from harness.runs.runner import method_overrides, parse_settings  # noqa: E402
+from harness.runs.settings import method_overrides, parse_settings  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 
 # (label, owner path from the drafter, attribute): the drafter functions timed as parts. Missing

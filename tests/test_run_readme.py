@@ -13,7 +13,8 @@ from cli import app
 from harness.report.rebuild import write_report
 from harness.report.run_readme import README, _value, command_line, write_run_readme
 from harness.runs.compare import parse_values
-from harness.runs.runner import RunConfig, parse_settings
+from harness.runs.runner import RunConfig
+from harness.runs.settings import parse_settings
 from tests.test_regress import edit_json
 from tests.test_report import write_run
 

@@ -6,7 +6,7 @@ import pytest
 
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
-from harness.runs.runner import TREE_BUDGET, check_settings, method_overrides, parse_tree_budget
+from harness.runs.settings import TREE_BUDGET, check_settings, method_overrides, parse_tree_budget
 from methods.registry import get_method
 from tests.test_tree_search import STEEP, _trained, calibrate_tree, save_tree, tiny_dataset
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.verify import default_rule
-from harness.runs.runner import TREE_BUDGET
+from harness.runs.settings import TREE_BUDGET
 from harness.runs.run_data import RunData, display_label, fmt_temperature, load_run
 from methods.registry import method_info
 

@@ -19,15 +19,9 @@ from rich.console import Console
 from harness.core.errors import SpecbenchError
 from harness.runs.benchmarks import load_questions, resolve_data_dir
 from harness.runs.results import default_run_dir
-from harness.runs.runner import (
-    RunConfig,
-    Runner,
-    check_settings,
-    execute_grid,
-    load_target,
-    method_overrides,
-    parse_tree_budget,
-)
+from harness.runs.runner import RunConfig, Runner, execute_grid
+from harness.runs.settings import check_settings, method_overrides, parse_tree_budget
+from harness.runs.slots import load_target
 from methods.registry import method_info
 
 DEFAULT_METHOD = "pld"

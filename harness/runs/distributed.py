@@ -26,15 +26,8 @@ from rich.progress import Progress
 
 from harness.core.errors import SpecbenchError
 from harness.runs.benchmarks import verify_data_dir
-from harness.runs.runner import (
-    PROGRESS_COLUMNS,
-    MethodSlot,
-    RunConfig,
-    Runner,
-    build_slots,
-    load_target,
-    resolved_methods,
-)
+from harness.runs.runner import PROGRESS_COLUMNS, RunConfig, Runner
+from harness.runs.slots import MethodSlot, build_slots, load_target, resolved_methods
 
 # Set by tests only (in the driver's environment, passed to the tasks): a worker that answers the
 # first record of a cell while this file is absent creates it and dies (os._exit), as a killed

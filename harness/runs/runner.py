@@ -11,7 +11,6 @@ drafters, run folder, warm-up, progress); a `Runner` holds the cells of one temp
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,14 +28,15 @@ from rich.progress import (
 
 from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
-from harness.core.hashing import config_hash
-from harness.core.machine_meta import OtherCpuUse, contention_warning
+from harness.core.machine_meta import OtherCpuUse
 from harness.core.target import Target, check_target_spec
 from harness.core.verify import LOSSY_RULES, Sampling, default_rule
 from harness.runs.benchmarks import PromptFile, Question, load_questions, resolve_data_dir, verify_data_dir
 from harness.runs.metrics import AR_METHOD, attach_divergences, write_summary
 from harness.runs.record import Record, Steps
 from harness.runs.results import RunDir, default_run_dir, record_key
+from harness.runs.settings import check_settings
+from harness.runs.slots import MethodSlot, build_slots, load_target, resolved_methods
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,89 +94,10 @@ class RunConfig:
         return {name: PromptFile(name, f["path"], f["sha256"]) for name, f in self.prompt_files.items()}
 
 
-def parse_settings(pairs: list[str]) -> dict[str, Any]:
-    """`--set key=value` (repeatable): values parsed as JSON, else kept as strings."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SpecbenchError(f"--set expects key=value, got '{pair}'")
-        key, raw = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
-
-
-# `--tree-budget N|auto`, kept in the run's settings under this key: each tree method turns it into
-# its own keys (Drafter.budget_overrides), so one switch sizes every tree alike.
-TREE_BUDGET = "tree_budget"
-
-
-def parse_tree_budget(raw: Any) -> int | str:
-    """"auto" or a positive number of draft tokens per verify; anything else is one clear error."""
-    if raw == "auto":
-        return "auto"
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = 0
-    if value < 1 or str(raw).strip() not in (str(value), f"{value}.0"):
-        raise SpecbenchError(f"--tree-budget {raw!r}: give a number of draft tokens per verify (e.g. 24) or auto")
-    return value
-
-
-def method_overrides(method_cls: type, settings: dict[str, Any], all_methods: list[str]) -> dict[str, Any]:
-    """The --set entries that apply to one method: `method.key=v` for it, plain `key=v` where it has the key."""
-    mine: dict[str, Any] = {}
-    if TREE_BUDGET in settings:  # --tree-budget first: explicit --set keys win over it
-        mine.update(method_cls.budget_overrides(settings[TREE_BUDGET]))
-    for key, value in settings.items():
-        if key == TREE_BUDGET:
-            continue
-        if "." in key:
-            name, sub = key.split(".", 1)
-            if name == method_cls.name:
-                mine[sub] = value
-        elif key in method_cls.defaults:
-            mine[key] = value
-    return mine
-
-
-def check_settings(settings: dict[str, Any], classes: dict[str, type]) -> None:
-    """Every --set key must be used by at least one method of the run."""
-    for key in settings:
-        if key == TREE_BUDGET:
-            parse_tree_budget(settings[key])
-            continue
-        if "." in key:
-            name, sub = key.split(".", 1)
-            # a method given as module:Class is addressed by its declared `name`
-            owners = [c for n, c in classes.items() if name in (n, c.name)]
-            if not owners:
-                raise SpecbenchError(f"--set {key}: method '{name}' is not in this run ({', '.join(classes)})")
-            for c in owners:
-                c.resolve_config({sub: settings[key]})
-        elif not any(key in c.defaults for c in classes.values()):
-            if len(classes) == 1:
-                next(iter(classes.values())).resolve_config({key: settings[key]})  # raises with did-you-mean
-            raise SpecbenchError(f"--set {key}: no method of this run ({', '.join(classes)}) has that key")
-
-
 def answer_seed(seed: int, benchmark: str, question_id: int, turn: int) -> int:
     """Per-answer seed: sampling results never depend on the order questions run in."""
     h = hashlib.sha256(f"{seed}:{benchmark}:{question_id}:{turn}".encode()).digest()
     return int.from_bytes(h[:4], "little")
-
-
-@dataclass
-class MethodSlot:
-    name: str
-    drafter: Any            # None for AR
-    config: dict[str, Any]
-    config_hash: str
-    checkpoint_hash: str | None
-    label: str = ""         # shown in progress; a variant's settings when one method runs in several configs
 
 
 PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -184,47 +105,6 @@ PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCom
 
 
 # ----------------------------------------------------------------------------- the grid's shared parts
-
-def load_target(cfg: RunConfig, console: Console) -> Target:
-    """The one place a run loads its target, after checking that nothing else competes for the CPU."""
-    check_target_spec(cfg.target)
-    warn = contention_warning()
-    if warn:
-        console.print(f"[yellow]warning:[/] {warn}")
-    with console.status(f"loading target {cfg.target}"):
-        target = Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt, cfg.device_map)
-    if cfg.compile:
-        target.enable_compile()
-    return target
-
-
-def build_slots(target: Target, classes: dict[str, type], cfg: RunConfig,
-                variants: dict[str, dict[str, Any]] | None = None) -> list[MethodSlot]:
-    """AR plus one drafter per method (or per variant of it), built once per grid: a drafter's
-    state is per sequence (`begin` resets it) and nothing in it depends on the temperature, so
-    every temperature of the grid reuses the same drafters."""
-    slots = [MethodSlot(AR_METHOD, None, {}, config_hash({"method": AR_METHOD}), None)]
-    for name, cls in classes.items():
-        overrides = method_overrides(cls, cfg.settings, list(classes))
-        for label, extra in (variants or {name: {}}).items():
-            drafter = cls.create(target, {**overrides, **extra}, checkpoint=cfg.checkpoint if cls.trainable else None)
-            if cfg.compile:
-                drafter.enable_compile()
-            ck = drafter.checkpoint_hash()
-            h = config_hash({"method": name, "config": drafter.config, "checkpoint": ck})
-            twin = next((s.label for s in slots if s.config_hash == h), None)
-            if twin is not None:
-                raise SpecbenchError(f"variants '{twin}' and '{label}' of {name} are the same config")
-            slots.append(MethodSlot(name, drafter, drafter.config, h, ck, label))
-    return slots
-
-
-def resolved_methods(slots: list[MethodSlot]) -> dict[str, Any]:
-    """meta.json's `methods_resolved`: each slot's full config, hashes and parameter count."""
-    return {(s.label or s.name): {"config": s.config, "config_hash": s.config_hash, "checkpoint_hash": s.checkpoint_hash,
-                                  "parameters": s.drafter.num_parameters() if s.drafter is not None else 0}
-            for s in slots}
-
 
 def _shared_part(cfg: RunConfig) -> dict[str, Any]:
     return {k: v for k, v in cfg.to_dict().items() if k not in ("temperature", "acceptance", "methods")}
