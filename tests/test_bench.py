@@ -49,3 +49,14 @@ def test_output_agreement_names_the_pair_that_differs():
     assert all(output_agreement(res).values())
     res["hf_spec"] = {"outputs": [[1, 2, 4]]}
     assert output_agreement(res) == {"ours_vs_ar": True, "hf_spec_vs_hf": False, "ar_vs_hf": True}
+
+
+def test_contest_tau_is_pooled_over_the_answers_like_every_table():
+    """τ = Σ tokens / Σ steps over the prompts (metrics.TAU), not a mean of per-answer τ: an answer
+    of 10 tokens in 2 steps and one of 1 token in 1 step give 11/3, where a mean would say 3."""
+    def fake(prompt, max_new):  # prompt = (tokens, steps) this answer takes
+        return [0] * prompt[0], 0.5, (prompt[0], prompt[1])
+
+    res = contest(None, [(10, 2), (1, 1)], 16, {"fake": fake}, repeats=2)
+    assert res["fake"]["tau"] == 11 / 3
+    assert res["fake"]["tok_s"] == 11 / 1.0 and res["fake"]["outputs"] == [[0] * 10, [0]]

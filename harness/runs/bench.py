@@ -8,7 +8,8 @@
 3. (--pld) our `pld` vs HF prompt lookup (`generate(prompt_lookup_num_tokens=10)`), and
    (--assisted DRAFT) our `sps` with that draft model vs HF assisted generation
    (`generate(assistant_model=...)`), each against its own stack's plain decoding, with tau for
-   both (HF's counted through a streamer).
+   both (HF's steps counted through a streamer), pooled over the prompts as everywhere else
+   (`metrics.TAU`: Σ new tokens / Σ verify steps).
 Every run first prints the memory-bandwidth floor of a decode step (weight bytes / measured copy
 bandwidth): how far the runtime is from what the machine allows.
 All timings are medians of interleaved repeats, so drift hits every contender alike.
@@ -20,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +33,7 @@ from harness.core.machine_meta import collect_meta, contention_warning
 from harness.core.target import Target
 from harness.core.timing import Clock
 from harness.runs.benchmarks import load_questions, resolve_data_dir
+from harness.runs.metrics import TAU
 
 
 def weight_bytes(target: Target) -> int:
@@ -70,12 +73,14 @@ class _StepCounter:
     def end(self) -> None:
         pass
 
-    def tau(self) -> float:
+    def tau_terms(self) -> tuple[int, int]:
+        """(new tokens, forwards) after the prompt: the answer's terms of `metrics.TAU`."""
         steps = self.puts[1:]
-        return sum(steps) / max(1, len(steps))
+        return sum(steps), len(steps)
 
 
-def hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[list[int], float, float]:
+def hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[list[int], float, tuple[int, int]]:
+    """HF `generate` (greedy): (new tokens, seconds, (tokens, forwards) for τ)."""
     counter = _StepCounter()
     inp = torch.tensor([ids], device=target.input_device)
     clock = Clock(target.devices)
@@ -84,12 +89,14 @@ def hf_generate(target: Target, ids: list[int], max_new: int, **kw) -> tuple[lis
                                 do_sample=False, streamer=counter, pad_token_id=next(iter(target.eos_token_ids), 0),
                                 eos_token_id=sorted(target.eos_token_ids) or None, **kw)
     dt = clock.now() - t0
-    return out[0, len(ids):].tolist(), dt, counter.tau()
+    return out[0, len(ids):].tolist(), dt, counter.tau_terms()
 
 
-def ours_generate(target: Target, ids: list[int], max_new: int, drafter=None) -> tuple[list[int], float, float]:
+def ours_generate(target: Target, ids: list[int], max_new: int,
+                  drafter=None) -> tuple[list[int], float, tuple[int, int]]:
+    """Our loop (greedy): (new tokens, seconds, (tokens, verify steps) for τ)."""
     g = generate(target, ids, GenerationConfig(max_new), drafter)
-    return g.output_ids, g.wall_s, g.tau
+    return g.output_ids, g.wall_s, (sum(g.tokens), len(g.tokens))
 
 
 def on_runtime(target: Target, runtime, fn):
@@ -106,11 +113,13 @@ def on_runtime(target: Target, runtime, fn):
 def contest(target: Target, prompts: list[list[int]], max_new: int, contenders: dict[str, Any],
              repeats: int) -> dict[str, dict[str, float]]:
     """Interleaved repeats: every round runs each contender once on every prompt; tok/s per round,
-    median over rounds. Returns {name: {"tok_s", "tau", "tokens"}} and keeps the outputs."""
+    median over rounds; τ pooled over the first round's answers (`metrics.TAU`). A contender is
+    `fn(prompt, max_new) -> (new tokens, seconds, (tokens, steps))`. Returns {name: {"tok_s",
+    "tau", "outputs"}}."""
     for fn in contenders.values():  # warm-up
         fn(prompts[0], min(16, max_new))
     rounds: dict[str, list[float]] = {n: [] for n in contenders}
-    taus: dict[str, list[float]] = {n: [] for n in contenders}
+    terms: dict[str, list[tuple[int, int]]] = {n: [] for n in contenders}
     outputs: dict[str, list[list[int]]] = {n: [] for n in contenders}
     for r in range(repeats):
         names = list(contenders)
@@ -118,14 +127,15 @@ def contest(target: Target, prompts: list[list[int]], max_new: int, contenders: 
         for name in names:
             tokens, secs = 0, 0.0
             for i, p in enumerate(prompts):
-                out, dt, tau = contenders[name](p, max_new)
+                out, dt, counts = contenders[name](p, max_new)
                 tokens += len(out)
                 secs += dt
                 if r == 0:
                     outputs[name].append(out)
-                    taus[name].append(tau)
+                    terms[name].append(counts)
             rounds[name].append(tokens / secs)
-    return {n: {"tok_s": statistics.median(rounds[n]), "tau": statistics.mean(taus[n]),
+    return {n: {"tok_s": statistics.median(rounds[n]),
+                "tau": float(TAU.estimate(np.array(terms[n], dtype=float).reshape(-1, 2))),
                 "outputs": outputs[n]} for n in contenders}
 
 
