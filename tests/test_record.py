@@ -1,13 +1,17 @@
 """The typed answer record: committed records.jsonl files load through `Record.from_dict`, a line
-written today reads back to the same bytes, old lines get the defaults older code used."""
+written today reads back to the same bytes, old lines get the defaults older code used, and a
+committed reference folder's tables rebuild from its records to the committed bytes."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from harness.core.errors import SpecbenchError
+from harness.report.rebuild import write_report
+from harness.runs.metrics import attach_divergences, write_summary
 from harness.runs.record import SCHEMA_VERSION, Record, Steps, record_key
 from harness.runs.results import RunDir
 
@@ -76,3 +80,22 @@ def test_a_new_record_leads_with_its_schema_and_omits_unset_fields():
 def test_a_line_without_its_key_fields_is_refused():
     with pytest.raises(SpecbenchError, match="lacks turn, acceptance"):
         Record.from_dict({"method": "pld", "benchmark": "b", "question_id": 1, "temperature": 0.0, "seed": 0})
+
+
+def test_a_committed_reference_folder_rebuilds_to_its_committed_bytes(tmp_path):
+    """summary.csv and `cli.py table` (write_report without plots: the README links the committed
+    ones), rebuilt from the records alone, equal the committed files byte for byte; the README
+    differs only in the folder's path."""
+    rel = Path("results/reference/smollm2-135m/compiled-fp32-exactness")
+    committed = REPO / rel
+    copy = tmp_path / rel
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("tables", "summary.csv", "README.md"))
+    write_summary(attach_divergences(RunDir(copy).read_records()), copy / "summary.csv")
+    write_report(copy, plots=False)
+    names = sorted(p.name for p in (committed / "tables").iterdir())
+    assert names == sorted(p.name for p in (copy / "tables").iterdir()) and "main.md" in names
+    for name in names:
+        assert (copy / "tables" / name).read_bytes() == (committed / "tables" / name).read_bytes(), name
+    assert (copy / "summary.csv").read_bytes() == (committed / "summary.csv").read_bytes()
+    readme = (copy / "README.md").read_text().replace(str(copy), str(rel))
+    assert readme == (committed / "README.md").read_text()
