@@ -91,26 +91,43 @@ def test_contended_cost_curve_is_used_but_not_cached(tiny_target, tmp_path, monk
     assert len(list(tmp_path.glob("cost_curves/*.json"))) == 1
 
 
-def test_other_cpu_use_is_the_machines_busy_time_less_this_process(monkeypatch):
+def _other_cpu_use(monkeypatch, busy, own, wall) -> float | None:
+    """OtherCpuUse over a block that starts and ends at these readings of the machine's busy
+    seconds (None: no /proc/stat), this process's CPU seconds and the wall clock."""
     from harness.core import machine_meta
 
-    busy, own, wall = iter([100.0, 103.0]), iter([5.0, 6.0]), iter([10.0, 12.0])
-    monkeypatch.setattr(machine_meta, "_busy_seconds", lambda: next(busy))
-    monkeypatch.setattr(machine_meta, "_own_cpu_seconds", lambda: next(own))
-    monkeypatch.setattr(machine_meta.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(machine_meta, "_busy_seconds", iter(busy).__next__)
+    monkeypatch.setattr(machine_meta, "_own_cpu_seconds", iter(own).__next__)
+    monkeypatch.setattr(machine_meta.time, "perf_counter", iter(wall).__next__)
     with machine_meta.OtherCpuUse() as others:
         pass
-    assert others.cores == pytest.approx(1.0)  # 3 busy seconds, 1 of them ours, over 2 s of wall time
+    return others.cores
+
+
+def test_other_cpu_use_is_the_machines_busy_time_less_this_process(monkeypatch):
+    # 3 busy seconds, 1 of them ours, over 2 s of wall time
+    assert _other_cpu_use(monkeypatch, [100.0, 103.0], [5.0, 6.0], [10.0, 12.0]) == pytest.approx(1.0)
+
+
+def test_other_cpu_use_is_zero_when_this_process_was_the_only_busy_one(monkeypatch):
+    """The two counters tick apart (10 ms ticks, read at slightly different moments): our 2 CPU
+    seconds can read as more than the machine's 1.5 busy ones. That is no one else, not minus a
+    quarter core."""
+    assert _other_cpu_use(monkeypatch, [100.0, 101.5], [5.0, 7.0], [10.0, 12.0]) == 0.0
+    assert _other_cpu_use(monkeypatch, [None, None], [5.0, 7.0], [10.0, 12.0]) is None  # no /proc/stat: unknown
 
 
 def test_other_cpu_use_reads_this_machine():
+    import os
+
     from harness.core.machine_meta import OtherCpuUse, _busy_seconds
 
     if _busy_seconds() is None:
         pytest.skip("no /proc/stat here")
     with OtherCpuUse() as others:
-        sum(range(3_000_000))
-    assert others.cores is not None and others.cores >= 0.0
+        sum(range(10_000_000))  # ~0.2 s: long against the 10 ms ticks /proc/stat and os.times count in
+    # Cores' worth, not ticks or milliseconds: at most every core, give or take a tick per counter.
+    assert isinstance(others.cores, float) and 0.0 <= others.cores <= os.cpu_count() + 0.5
 
 
 @pytest.mark.parametrize("method", ["eagle2", "gumiho"])

@@ -64,15 +64,33 @@ def test_baseline_holds_cells_and_provenance(baseline):
     assert len(data["cells"]) == 8 and {c["method"] for c in data["cells"]} == {"pld", "eagle"}
     cell = data["cells"][0]
     assert set(cell) >= {"method", "benchmark", "temperature", "acceptance", "tau", "per_depth"}
-    # per_depth[d-1]: the share of the cell's verify steps that accepted at least d drafts.
-    accepted = [a for r in records_of(baseline.parent.parent / "run", cell) for a in r["steps"]["accepted"]]
-    assert cell["per_depth"] == [round(sum(a >= d for a in accepted) / len(accepted), 6)
-                                 for d in range(1, max(accepted) + 1)]
-    assert cell["tau"] == sum(a + 1 for a in accepted) / len(accepted)
     prov = data["provenance"]
     assert prov["target"] == "tiny" and prov["dtype"] == "float32" and prov["max_new_tokens"] == 40
     assert prov["checkpoints"] == {"pld": None, "eagle": "ck-eagle"}
     assert prov["prompts"]["mt_bench"]["questions"] == [100, 101, 102, 103]
+
+
+def test_baseline_pools_steps_over_the_cells_answers(run_dir, tmp_path):
+    """per_depth[d-1] is the share of the cell's verify steps that accepted at least d drafts and τ
+    the tokens per step, both pooled over its answers. Its four answers, made by hand: two of one
+    step accepting 3 drafts, two of three steps accepting 0, 0, 1 -> 8 steps, 4 accepting >= 1, 2
+    accepting >= 2 and >= 3, 16 tokens: depths 0.5, 0.25, 0.25 and τ 2.0 (the answers' mean τ would
+    be (4 + 4/3) / 2, their mean depth-1 share 2/3)."""
+    cell = {"method": "pld", "benchmark": "gsm8k", "temperature": 0.0, "acceptance": "greedy"}
+    answers = iter([[3], [0, 0, 1]] * 2)
+
+    def hand_made(rec):
+        if all(rec[k] == v for k, v in cell.items()):
+            accepted = next(answers)
+            n = len(accepted)
+            rec["steps"] = {"tree_size": [4] * n, "accepted": accepted, "tokens": [a + 1 for a in accepted],
+                            "draft_ms": [1.0] * n, "verify_ms": [10.0] * n}
+    edit_records(run_dir, hand_made)
+    assert len(records_of(run_dir, cell)) == 4
+    path = tmp_path / "hand.json"
+    assert cli.invoke(app, ["baseline", str(run_dir), "--save", str(path)]).exit_code == 0
+    got = next(c for c in json.loads(path.read_text())["cells"] if all(c[k] == v for k, v in cell.items()))
+    assert got["per_depth"] == [0.5, 0.25, 0.25] and got["tau"] == 2.0
 
 
 def test_same_run_passes(run_dir, baseline):

@@ -200,7 +200,7 @@ def test_config_hash_stable_and_order_independent():
     a = {"methods": ["ar", "pld"], "temperature": 0.0, "nested": {"x": 1, "y": [1.5, None]}}
     b = {"nested": {"y": [1.5, None], "x": 1}, "temperature": 0.0, "methods": ["ar", "pld"]}
     assert config_hash(a) == config_hash(b)
-    assert len(config_hash(a)) == 12 and int(config_hash(a), 16) >= 0
+    assert len(config_hash(a)) == 12 and set(config_hash(a)) <= set("0123456789abcdef")
     # fixed value: a change here invalidates every existing run directory and record key
     assert config_hash({}) == "44136fa355b3"
     assert config_hash(a) == config_hash(json.loads(json.dumps(a)))
@@ -226,12 +226,15 @@ def test_collect_meta_has_keys():
     assert set(meta["packages"]) >= {"torch", "transformers", "accelerate", "gguf", "pandas",
                                      "numpy", "specbench"}
     assert set(meta["cpu_flags"]) == {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
-    assert all(isinstance(v, bool) for v in meta["cpu_flags"].values())
     assert meta["date"].endswith("+00:00")
     json.dumps(meta)  # meta.json must be able to hold it
-    from harness.core.hardware import has_fast_bf16
+    from harness.core.hardware import cpu_flags, has_fast_bf16
 
-    assert isinstance(has_fast_bf16(), bool)
+    assert meta["cpu_flags"] == cpu_flags()
+    # bf16 is fast with AMX or AVX512-BF16 kernels; plain AVX-512 or AVX2 emulate it; unknown flags count as absent
+    flag_sets = [{"amx_bf16": True, "amx_tile": True}, {"avx512f": True, "avx512_bf16": True},
+                 {"avx512f": True, "avx2": True}, {"avx2": True}, {}]
+    assert [has_fast_bf16(f) for f in flag_sets] == [True, True, False, False, False]
 
 
 def test_contention_warning_reads_other_processes_cpu_use(monkeypatch):
