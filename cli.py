@@ -11,9 +11,10 @@ import typer
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
+from harness.runs.benchmarks import BENCHMARKS
 
 if TYPE_CHECKING:
-    from harness.runs.compare import GridSpec
+    from harness.runs.config import RunConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark speculative decoders on one common code path.")
@@ -44,13 +45,15 @@ MaxNewTokensOpt = Annotated[int, typer.Option(help="new tokens per answer (per t
 SeedOpt = Annotated[int, typer.Option(help="base of the per-answer sampling seeds")]
 TopPOpt = Annotated[float, typer.Option(help="nucleus sampling: keep the most likely tokens up to this mass")]
 SettingsOpt = Annotated[list[str], typer.Option(
-    "--set", help="method config key=value (JSON values; method.key=value for one method)")]
+    "--set", help="method config key=value, repeatable (JSON values; method.key=value for one method; "
+                  "ablate sweeps key=v1,v2,...)")]
 TreeBudgetOpt = Annotated[Optional[str], typer.Option(
     help="draft tokens per verify for every tree method (N), or auto: sized for this machine's verify "
          "cost; default: each method's own (EAGLE's fixed 25-node tree, the others auto)")]
 ChatTemplateOpt = Annotated[Optional[str], typer.Option(help="'vicuna' or a Jinja template, for targets without one")]
 SystemPromptOpt = Annotated[Optional[str], typer.Option(help="system message put before every conversation")]
 MethodOpt = Annotated[str, typer.Option("--method", "-m", help="one method (see `cli.py list`)")]
+CheckpointOpt = Annotated[Optional[str], typer.Option(help="drafter weights: folder or hub id")]
 ThreadsOpt = Annotated[int, typer.Option(help="torch threads (0 = torch's default)")]
 DistillDataOpt = Annotated[list[Path], typer.Option(
     help="distill folder, repeatable (default datasets/distill/<target>; add datasets/distill/<target>-followups "
@@ -61,15 +64,22 @@ ShardsOpt = Annotated[Optional[int], typer.Option(
 CiOpt = Annotated[bool, typer.Option("--ci", help="bootstrap 95% intervals in the markdown table too")]
 AllowDirtyOpt = Annotated[bool, typer.Option("--allow-dirty", help="accept a run made from uncommitted changes")]
 RunFolderArg = Annotated[Path, typer.Argument(help="a run folder")]
-# compare / ablate: the grid's options (None: the --preset's value, else the default named)
-BenchmarksOpt = Annotated[str, typer.Option("--benchmarks", "--benchmark", "-b", help="benchmark names or prompt files (a question.jsonl in the EAGLE/Spec-Bench format, named by its folder or NAME=PATH), comma-separated")]
-TemperaturesOpt = Annotated[list[float], typer.Option("--temperature", "-t", help="sampling temperature (0: greedy), repeatable: one table block per value")]
-GridAcceptanceOpt = Annotated[Optional[str], typer.Option(
+# run / compare / ablate: what a run answers (harness.runs.config.RunConfig)
+MethodsOpt = Annotated[Optional[str], typer.Option(
+    "--methods", "--method", "-m", help="methods beside AR, comma-separated (compare without it: pld + every "
+                                        "method whose trained weights are found)")]
+BenchmarksOpt = Annotated[str, typer.Option(
+    "--benchmarks", "--benchmark", "-b", help="benchmark names or prompt files (a question.jsonl in the EAGLE/Spec-Bench "
+                                              "format, named by its folder or NAME=PATH), comma-separated")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="sampling temperature (0: greedy)")]
+TemperaturesOpt = Annotated[list[float], typer.Option(
+    "--temperature", "-t", help="sampling temperature (0: greedy), repeatable: one table block per value")]
+AcceptanceOpt = Annotated[Optional[str], typer.Option(
     help="rule at T > 0: lossless (default) | typical (lossy, labelled); T = 0 is greedy")]
-GridLimitOpt = Annotated[Optional[int], typer.Option(
-    help="questions per benchmark, spread over categories (default 10)")]
-GridMaxNewTokensOpt = Annotated[Optional[int], typer.Option(help="new tokens per answer (default 128)")]
-PresetOpt = Annotated[Optional[str], typer.Option(help="'paper': all 80 questions and 512 tokens (for GPUs)")]
+LimitOpt = Annotated[Optional[int], typer.Option(
+    help="questions per benchmark, spread evenly over categories (run without it: all)")]
+PresetOpt = Annotated[Optional[str], typer.Option(
+    help="'paper': all 80 questions and 512 tokens (for GPUs), where --limit / --max-new-tokens are not given")]
 RayOpt = Annotated[bool, typer.Option("--ray", help="run the grid's cells as Ray tasks (pip install ray)")]
 RayAddressOpt = Annotated[Optional[str], typer.Option(help="Ray cluster address (default: start a local Ray)")]
 PackOpt = Annotated[bool, typer.Option("--pack", help="with --ray: untimed CPU cells share a node, one CPU and "
@@ -102,25 +112,50 @@ def split_csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+PRESETS = {"paper": {"limit": None, "max_new_tokens": 512}}  # all 80 questions, 512 tokens (GPUs)
+
+
+def run_config(ctx: typer.Context, *, methods: Optional[list[str]], benchmarks: str, temperatures: list[float],
+               settings: list[str], tree_budget: Optional[str], preset: Optional[str] = None,
+               ids: Optional[str] = None, **fields: object) -> RunConfig:
+    """The RunConfig of `run`, `compare` or `ablate`, built once from their options and checked as
+    it is built: `--preset` fills --limit / --max-new-tokens left at their default; `fields` are
+    RunConfig fields taken as given (target, dtype, limit, seed, ...)."""
+    from harness.runs.benchmarks import parse_benchmarks
+    from harness.runs.config import RunConfig
+    from harness.runs.settings import parse_settings
+
+    if preset is not None:
+        if preset not in PRESETS:
+            from harness.core.errors import unknown
+
+            raise unknown("preset", preset, PRESETS)
+        fields.update({k: v for k, v in PRESETS[preset].items() if ctx.get_parameter_source(k).name == "DEFAULT"})
+    names, files = parse_benchmarks(split_csv(benchmarks))
+    return RunConfig(methods=methods, benchmarks=names, prompt_files={n: f.as_config() for n, f in files.items()},
+                     temperatures=temperatures, ids=[int(i) for i in split_csv(ids)] if ids else None,
+                     settings=parse_settings(settings, tree_budget), **fields)
+
+
 @app.command()
 @friendly
 def run(
-    method: Annotated[str, typer.Option("--method", "-m", help="method(s), comma-separated; AR always runs beside them")],
-    benchmark: Annotated[str, typer.Option("--benchmark", "-b", help="benchmark names or prompt files (a question.jsonl in the EAGLE/Spec-Bench format, named by its folder or NAME=PATH), comma-separated")] = "mt_bench",
+    ctx: typer.Context,
+    method: MethodsOpt,
+    benchmark: BenchmarksOpt = "mt_bench",
+    temperature: TemperatureOpt = 0.0,
     target: TargetOpt = "smollm2-135m",
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     device_map: DeviceMapOpt = None,
     compile_: CompileOpt = False,
-    limit: Annotated[Optional[int], typer.Option(help="N questions spread evenly over categories")] = None,
+    limit: LimitOpt = None,
     ids: Annotated[Optional[str], typer.Option(help="explicit question ids, comma-separated")] = None,
     max_new_tokens: MaxNewTokensOpt = 128,
-    temperature: Annotated[float, typer.Option(help="sampling temperature (0: greedy)")] = 0.0,
     top_p: TopPOpt = 1.0,
-    acceptance: Annotated[Optional[str], typer.Option(
-        help="greedy | lossless | typical (default: greedy at T=0, lossless at T>0)")] = None,
+    acceptance: AcceptanceOpt = None,
     seed: SeedOpt = 0,
-    checkpoint: Annotated[Optional[str], typer.Option(help="drafter weights: folder or hub id")] = None,
+    checkpoint: CheckpointOpt = None,
     set_: SettingsOpt = [],
     tree_budget: TreeBudgetOpt = None,
     chat_template: ChatTemplateOpt = None,
@@ -129,22 +164,16 @@ def run(
     out: RunDirOpt = None,
 ):
     """Run methods and AR on the same prompts; write records.jsonl, meta.json and summary.csv. Resumes."""
-    from harness.runs.benchmarks import parse_benchmarks
-    from harness.runs.runner import RunConfig, Runner, execute_grid
-    from harness.runs.settings import parse_settings
+    from harness.runs.compare import run_grid
+    from harness.runs.executor import summarize_dir
 
-    names, files = parse_benchmarks(split_csv(benchmark))
-    cfg = RunConfig(
-        methods=split_csv(method), benchmarks=names, target=target, dtype=dtype, device=device, device_map=device_map, compile=compile_,
-        limit=limit, ids=[int(i) for i in split_csv(ids)] if ids else None, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_p=top_p, acceptance=acceptance, seed=seed, checkpoint=checkpoint,
-        settings=parse_settings(with_tree_budget(set_, tree_budget)), chat_template=chat_template, system_prompt=system_prompt,
-        prompt_files={n: f.as_config() for n, f in files.items()},
-    )
-    runner = Runner(cfg, out, data_dir, err)
-    # A grid of one temperature, through the path of `compare`; meta.json stores the RunConfig.
-    path = execute_grid([runner], cfg.to_dict())
-    print_summary(runner.write_summary())
+    cfg = run_config(ctx, methods=split_csv(method), benchmarks=benchmark, temperatures=[temperature], settings=set_,
+                     tree_budget=tree_budget, ids=ids, target=target, dtype=dtype, device=device,
+                     device_map=device_map, compile=compile_, limit=limit, max_new_tokens=max_new_tokens, top_p=top_p,
+                     acceptance=acceptance, seed=seed, checkpoint=checkpoint, chat_template=chat_template,
+                     system_prompt=system_prompt)
+    path = run_grid(cfg, out, data_dir, err)   # a grid of one temperature; meta.json stores the RunConfig
+    print_summary(summarize_dir(path))
     console.print(f"run folder: {path}")
 
 
@@ -165,41 +194,9 @@ def print_summary(df) -> None:
 @friendly
 def summary(run_dir: RunFolderArg):
     """Rebuild summary.csv of a run folder from its records.jsonl."""
-    from harness.runs.runner import summarize_dir
+    from harness.runs.executor import summarize_dir
 
     print_summary(summarize_dir(run_dir))
-
-
-ALL_BENCHMARKS = "mt_bench,humaneval,gsm8k,alpaca,cnn_dm,nq"
-PRESETS = {"paper": {"limit": None, "max_new_tokens": 512}}  # all 80 questions, 512 tokens (GPUs)
-
-
-def grid_spec(*, benchmarks: str, temperatures: list[float], limit: Optional[int], max_new_tokens: Optional[int],
-              preset: Optional[str], settings: Optional[list[str]] = None, **fields: object) -> GridSpec:
-    """The GridSpec of compare / ablate: --preset fills --limit / --max-new-tokens not given;
-    `fields` are GridSpec fields taken as given (methods, target, dtype, seed, ...)."""
-    from harness.runs.benchmarks import parse_benchmarks
-    from harness.runs.compare import GridSpec
-    from harness.runs.settings import parse_settings
-
-    defaults = {"limit": 10, "max_new_tokens": 128}
-    if preset is not None:
-        if preset not in PRESETS:
-            from harness.core.errors import unknown
-
-            raise unknown("preset", preset, PRESETS)
-        defaults = PRESETS[preset]
-    names, files = parse_benchmarks(split_csv(benchmarks))
-    return GridSpec(
-        benchmarks=names, prompt_files={n: f.as_config() for n, f in files.items()}, temperatures=list(temperatures),
-        limit=defaults["limit"] if limit is None else limit,
-        max_new_tokens=defaults["max_new_tokens"] if max_new_tokens is None else max_new_tokens,
-        settings=parse_settings(settings) if settings is not None else {}, **fields)
-
-
-def with_tree_budget(settings: list[str], tree_budget: Optional[str]) -> list[str]:
-    """--tree-budget rides in the run's settings (recorded in meta.json), parsed where they are."""
-    return [*settings, f"tree_budget={tree_budget}"] if tree_budget is not None else settings
 
 
 def print_markdown(path: Path) -> None:
@@ -219,23 +216,23 @@ def print_written(run_dir: Path, paths: list[Path]) -> None:
 @app.command()
 @friendly
 def compare(
-    methods: Annotated[Optional[str], typer.Option(
-        help="methods to run beside AR, comma-separated (default: pld + every method whose trained weights are found)")] = None,
-    benchmarks: BenchmarksOpt = ALL_BENCHMARKS,
+    ctx: typer.Context,
+    methods: MethodsOpt = None,
+    benchmarks: BenchmarksOpt = ",".join(BENCHMARKS),
     temperature: TemperaturesOpt = [0.0],
     target: TargetOpt = "smollm2-135m",
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     device_map: DeviceMapOpt = None,
     compile_: CompileOpt = False,
-    acceptance: GridAcceptanceOpt = None,
+    acceptance: AcceptanceOpt = None,
     typical: Annotated[Optional[str], typer.Option(
         help="methods that also run Medusa's typical rule (lossy, labelled) at each T > 0, e.g. medusa,hydra")] = None,
     set_: SettingsOpt = [],
     tree_budget: TreeBudgetOpt = None,
     data_dir: DataDirOpt = None,
-    limit: GridLimitOpt = None,
-    max_new_tokens: GridMaxNewTokensOpt = None,
+    limit: LimitOpt = 10,
+    max_new_tokens: MaxNewTokensOpt = 128,
     preset: PresetOpt = None,
     top_p: TopPOpt = 1.0,
     seed: SeedOpt = 0,
@@ -254,14 +251,15 @@ def compare(
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
     from harness.report.rebuild import write_report
     from harness.runs.compare import run_grid
-    from harness.runs.runner import summarize_dir
+    from harness.runs.executor import summarize_dir
 
-    spec = grid_spec(methods=split_csv(methods) if methods else None, benchmarks=benchmarks, temperatures=temperature,
-                     limit=limit, max_new_tokens=max_new_tokens, preset=preset, settings=with_tree_budget(set_, tree_budget), target=target,
-                     dtype=dtype, device=device, device_map=device_map, compile=compile_, top_p=top_p, acceptance=acceptance,
-                     seed=seed, chat_template=chat_template, system_prompt=system_prompt,
+    cfg = run_config(ctx, methods=split_csv(methods) if methods else None, benchmarks=benchmarks,
+                     temperatures=temperature, settings=set_, tree_budget=tree_budget, preset=preset, target=target,
+                     dtype=dtype, device=device, device_map=device_map, compile=compile_, limit=limit,
+                     max_new_tokens=max_new_tokens, top_p=top_p, acceptance=acceptance, seed=seed,
+                     chat_template=chat_template, system_prompt=system_prompt,
                      typical=split_csv(typical) if typical else [])
-    run_dir = run_grid(spec, out, data_dir, err, ray=ray, ray_address=ray_address, pack=pack)
+    run_dir = run_grid(cfg, out, data_dir, err, command="compare", ray=ray, ray_address=ray_address, pack=pack)
     print_summary(summarize_dir(run_dir))
     paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "main.md")
@@ -277,9 +275,9 @@ def compare(
 @app.command()
 @friendly
 def ablate(
+    ctx: typer.Context,
     method: Annotated[str, typer.Argument(help="the method whose config is swept")],
-    set_: Annotated[list[str], typer.Option(
-        "--set", help="key=v1,v2,... sweeps a key (key=v fixes it for every variant)")],
+    set_: SettingsOpt,
     grid: Annotated[bool, typer.Option("--grid", help="every combination instead of one factor at a time")] = False,
     benchmarks: BenchmarksOpt = "mt_bench",
     temperature: TemperaturesOpt = [0.0],
@@ -287,11 +285,11 @@ def ablate(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     compile_: CompileOpt = False,
-    acceptance: GridAcceptanceOpt = None,
+    acceptance: AcceptanceOpt = None,
     tree_budget: TreeBudgetOpt = None,
     data_dir: DataDirOpt = None,
-    limit: GridLimitOpt = None,
-    max_new_tokens: GridMaxNewTokensOpt = None,
+    limit: LimitOpt = 10,
+    max_new_tokens: MaxNewTokensOpt = 128,
     preset: PresetOpt = None,
     seed: SeedOpt = 0,
     out: RunDirOpt = None,
@@ -306,10 +304,10 @@ def ablate(
     from harness.report.rebuild import write_report
     from harness.runs.compare import run_ablation
 
-    spec = grid_spec(methods=[method], benchmarks=benchmarks, temperatures=temperature, limit=limit,
-                     max_new_tokens=max_new_tokens, preset=preset, target=target, dtype=dtype, device=device, compile=compile_,
-                     acceptance=acceptance, seed=seed)
-    run_dir = run_ablation(method, set_, grid, spec, out, data_dir, err, train_steps=train_steps,
+    cfg = run_config(ctx, methods=[method], benchmarks=benchmarks, temperatures=temperature, settings=[],
+                     tree_budget=None, preset=preset, target=target, dtype=dtype, device=device, compile=compile_,
+                     limit=limit, max_new_tokens=max_new_tokens, acceptance=acceptance, seed=seed)
+    run_dir = run_ablation(method, set_, grid, cfg, out, data_dir, err, train_steps=train_steps,
                            tree_budget=tree_budget, ray=ray, ray_address=ray_address, pack=pack)
     paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
@@ -339,8 +337,8 @@ def plot(run_dir: RunFolderArg):
 
 @app.command()
 @friendly
-def curves(checkpoints: list[Path] = typer.Argument(..., help="checkpoint folders `train` wrote"),
-           out: Path = typer.Option(..., help="folder for training-curves.md/.png/.svg")):
+def curves(checkpoints: Annotated[list[Path], typer.Argument(help="checkpoint folders `train` wrote")],
+           out: Annotated[Path, typer.Option(help="folder for training-curves.md/.png/.svg")]):
     """Held-out top-1 over training for each checkpoint (a table and a plot): has the budget flattened?"""
     from harness.report.plots import plot_training_curves
     from harness.report.training_curves import curves_markdown, read_curves
@@ -368,12 +366,14 @@ def baseline(run_dir: RunFolderArg,
 
 @app.command()
 @friendly
-def regress(run_dir: RunFolderArg,
-            baseline_file: Path = typer.Option(..., "--baseline", help="a file written by `cli.py baseline`"),
-            tolerance: float = typer.Option(0.02, help="allowed relative drop of τ"),
-            depth_tolerance: Optional[float] = typer.Option(
-                None, help="allowed relative drop of each depth's acceptance (default: --tolerance)"),
-            report: Optional[Path] = typer.Option(None, "--report", help="also write the verdict as JSON here")):
+def regress(
+    run_dir: RunFolderArg,
+    baseline_file: Annotated[Path, typer.Option("--baseline", help="a file written by `cli.py baseline`")],
+    tolerance: Annotated[float, typer.Option(help="allowed relative drop of τ")] = 0.02,
+    depth_tolerance: Annotated[Optional[float], typer.Option(
+        help="allowed relative drop of each depth's acceptance (default: --tolerance)")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="also write the verdict as JSON here")] = None,
+):
     """Compare a run's τ and per-depth acceptance with a baseline per cell: exit 0 ok, 1 on a drop or
     missing cell, 2 if not comparable."""
     from rich.table import Table
@@ -411,15 +411,20 @@ def regress(run_dir: RunFolderArg,
 
 @app.command()
 @friendly
-def history(history_file: Optional[Path] = typer.Option(None, "--file", help="history file to plot (default results/history.jsonl)"),
-            target: Optional[str] = typer.Option(None, help="target whose lines are plotted (default: the latest line's)"),
-            dtype: Optional[str] = typer.Option(None, help="dtype whose lines are plotted (default: the latest line's)"),
-            max_new_tokens: Optional[int] = typer.Option(
-                None, help="tokens per answer of the lines plotted (default: the latest line's)"),
-            temperature: float = typer.Option(0.0, help="temperature whose cells are plotted"),
-            benchmark: Optional[str] = typer.Option(None, help="one benchmark (default: mean over benchmarks)"),
-            tolerance: float = typer.Option(0.02, help="relative change from a method's previous commit that is marked as a move"),
-            out: Optional[Path] = typer.Option(None, help="folder for history.png/.svg (default: beside the file)")):
+def history(
+    history_file: Annotated[Optional[Path], typer.Option(
+        "--file", help="history file to plot (default results/history.jsonl)")] = None,
+    target: Annotated[Optional[str], typer.Option(
+        help="target whose lines are plotted (default: the latest line's)")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="dtype whose lines are plotted (default: the latest line's)")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="tokens per answer of the lines plotted (default: the latest line's)")] = None,
+    temperature: Annotated[float, typer.Option(help="temperature whose cells are plotted")] = 0.0,
+    benchmark: Annotated[Optional[str], typer.Option(help="one benchmark (default: mean over benchmarks)")] = None,
+    tolerance: Annotated[float, typer.Option(
+        help="relative change from a method's previous commit that is marked as a move")] = 0.02,
+    out: Annotated[Optional[Path], typer.Option(help="folder for history.png/.svg (default: beside the file)")] = None,
+):
     """Plot τ and depth-1 acceptance over commits per method, marking the commits where they moved."""
     from rich.table import Table
 
@@ -488,7 +493,7 @@ def check_method_cmd(
     law_samples: Annotated[int, typer.Option(help="samples of the first two tokens at T=1 for the law check")] = 2000,
     tree_budget: Annotated[str, typer.Option(help="draft tokens per verify the drafter runs with and is held to "
                                              "(its --tree-budget), auto, or none: as configured")] = "15",
-    checkpoint: Annotated[Optional[str], typer.Option(help="drafter weights: folder or hub id")] = None,
+    checkpoint: CheckpointOpt = None,
     random_init: Annotated[bool, typer.Option("--random-init", help="check random (seeded) weights instead of "
                                               "trained ones (always so on the tiny target)")] = False,
     set_: SettingsOpt = [],
@@ -517,8 +522,8 @@ def check_method_cmd(
 
 @app.command("fetch-data")
 @friendly
-def fetch_data(dest: Path = typer.Argument(..., help="folder to write <benchmark>/question.jsonl into"),
-               force: bool = typer.Option(False, help="download even when a verified copy is present")):
+def fetch_data(dest: Annotated[Path, typer.Argument(help="folder to write <benchmark>/question.jsonl into")],
+               force: Annotated[bool, typer.Option(help="download even when a verified copy is present")] = False):
     """Download the six EAGLE-format question files and check their SHA-256."""
     from urllib.request import urlopen
 
@@ -535,19 +540,23 @@ def bench(
     target: TargetOpt = "smollm2-135m",
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
-    contexts: str = typer.Option("256,1536", help="context lengths for the cost curve"),
-    sizes: str = typer.Option("1,2,4,8,16,32,64", help="tree tokens per forward"),
-    repeats: int = typer.Option(7, help="timed repeats per measurement, the median kept (contests run max(3, N/2) rounds)"),
-    ar_prompts: int = typer.Option(3, help="MT-Bench prompts for AR vs HF generate (0 = skip)"),
+    contexts: Annotated[str, typer.Option(help="context lengths for the cost curve")] = "256,1536",
+    sizes: Annotated[str, typer.Option(help="tree tokens per forward")] = "1,2,4,8,16,32,64",
+    repeats: Annotated[int, typer.Option(
+        help="timed repeats per measurement, the median kept (contests run max(3, N/2) rounds)")] = 7,
+    ar_prompts: Annotated[int, typer.Option(help="MT-Bench prompts for AR vs HF generate (0 = skip)")] = 3,
     max_new_tokens: MaxNewTokensOpt = 64,
-    pld: bool = typer.Option(False, "--pld", help="also: our pld vs HF prompt lookup per benchmark"),
-    assisted: Optional[str] = typer.Option(None, "--assisted", help="also: our sps with this draft model "
-                                           "(alias, HF dir or .gguf) vs HF assisted generation per benchmark"),
-    contest_benchmarks: str = typer.Option("mt_bench,humaneval,gsm8k,cnn_dm", "--contest-benchmarks",
-                                           "--pld-benchmarks", help="benchmarks of the --pld / --assisted contests"),
-    contest_prompts: int = typer.Option(3, "--contest-prompts", "--pld-prompts", help="first-turn prompts per benchmark"),
+    pld: Annotated[bool, typer.Option("--pld", help="also: our pld vs HF prompt lookup per benchmark")] = False,
+    assisted: Annotated[Optional[str], typer.Option(
+        "--assisted", help="also: our sps with this draft model (alias, HF dir or .gguf) vs HF assisted generation "
+                           "per benchmark")] = None,
+    contest_benchmarks: Annotated[str, typer.Option(
+        "--contest-benchmarks", "--pld-benchmarks", help="benchmarks of the --pld / --assisted contests")
+    ] = "mt_bench,humaneval,gsm8k,cnn_dm",
+    contest_prompts: Annotated[int, typer.Option(
+        "--contest-prompts", "--pld-prompts", help="first-turn prompts per benchmark")] = 3,
     data_dir: DataDirOpt = None,
-    out: Optional[Path] = typer.Option(None, help="write the results as JSON here"),
+    out: Annotated[Optional[Path], typer.Option(help="write the results as JSON here")] = None,
     compile_: CompileOpt = False,
 ):
     """Cost curve of a k-token forward, our AR loop vs HF generate, (--pld) pld vs HF prompt lookup,
@@ -564,21 +573,28 @@ def bench(
 @app.command()
 @friendly
 def distill(
+    prompts: Annotated[Path, typer.Option(
+        help="training prompts jsonl ({id, category, prompt}); never a benchmark file")],
     target: TargetOpt = "smollm2-135m",
-    prompts: Path = typer.Option(..., help="training prompts jsonl ({id, category, prompt}); never a benchmark file"),
-    n: Optional[int] = typer.Option(None, help="cap on prompts after the mix"),
-    samples: int = typer.Option(2, help="responses per prompt: 1 greedy + samples-1 sampled"),
+    n: Annotated[Optional[int], typer.Option(help="cap on prompts after the mix")] = None,
+    samples: Annotated[int, typer.Option(help="responses per prompt: 1 greedy + samples-1 sampled")] = 2,
     max_new_tokens: MaxNewTokensOpt = 384,
-    batch_size: int = typer.Option(32, help="conversations generated together in one batch"),
-    shard_size: int = typer.Option(96, help="conversations per shard file (the unit of resuming; part of the plan hash)"),
-    max_shards: Optional[int] = typer.Option(None, help="stop after this many new shards (spread work over runs)"),
-    max_prompt_tokens: int = typer.Option(768, help="skip conversations whose prompt (with earlier turns) is longer"),
-    followups: Optional[Path] = typer.Option(None, help="second turns: answer these follow-ups (e.g. datasets/followups.jsonl) "
-                                             "to the greedy answers of --base"),
-    base: Optional[str] = typer.Option(None, help="with --followups: the distill folder continued (default <target>)"),
+    batch_size: Annotated[int, typer.Option(help="conversations generated together in one batch")] = 32,
+    shard_size: Annotated[int, typer.Option(
+        help="conversations per shard file (the unit of resuming; part of the plan hash)")] = 96,
+    max_shards: Annotated[Optional[int], typer.Option(
+        help="stop after this many new shards (spread work over runs)")] = None,
+    max_prompt_tokens: Annotated[int, typer.Option(
+        help="skip conversations whose prompt (with earlier turns) is longer")] = 768,
+    followups: Annotated[Optional[Path], typer.Option(
+        help="second turns: answer these follow-ups (e.g. datasets/followups.jsonl) to the greedy answers of --base")
+    ] = None,
+    base: Annotated[Optional[str], typer.Option(
+        help="with --followups: the distill folder continued (default <target>)")] = None,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
-    out: Optional[Path] = typer.Option(None, help="folder for the shards (default datasets/distill/<target>[-followups])"),
+    out: Annotated[Optional[Path], typer.Option(
+        help="folder for the shards (default datasets/distill/<target>[-followups])")] = None,
     threads: ThreadsOpt = 0,
 ):
     """Have the target answer training prompts (or follow-ups to its own answers); commit-ready
@@ -607,17 +623,22 @@ def train(
     target: TargetOpt = "smollm2-135m",
     data: DistillDataOpt = [],
     prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
-    steps: int = typer.Option(1500, help="optimiser steps (the same budget for every method by default)"),
-    lr: Optional[float] = typer.Option(None, help="peak learning rate (default: the method's own)"),
-    tokens_per_batch: int = typer.Option(4096, help="padded tokens per optimiser step (length-bucketed batches)"),
-    max_len: int = typer.Option(1024, help="longest training sequence in tokens; longer conversations keep their last N"),
-    set_: list[str] = typer.Option([], "--set", help="method config key=value (architecture keys change the checkpoint name)"),
+    steps: Annotated[int, typer.Option(help="optimiser steps (the same budget for every method by default)")] = 1500,
+    lr: Annotated[Optional[float], typer.Option(help="peak learning rate (default: the method's own)")] = None,
+    tokens_per_batch: Annotated[int, typer.Option(
+        help="padded tokens per optimiser step (length-bucketed batches)")] = 4096,
+    max_len: Annotated[int, typer.Option(
+        help="longest training sequence in tokens; longer conversations keep their last N")] = 1024,
+    set_: SettingsOpt = [],
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
-    autocast: str = typer.Option("auto", help="bf16 mixed precision in training: auto (on GPUs and CPUs with fast bf16) | bf16 | off"),
-    out: Optional[Path] = typer.Option(None, help="checkpoint folder to write (default checkpoints/<target>/<method>[-<arch hash>])"),
-    init_from: Optional[Path] = typer.Option(None, help="warm-start from this finished checkpoint (same architecture): "
-                                             "a new schedule cycle, its steps counted in the total"),
+    autocast: Annotated[str, typer.Option(
+        help="bf16 mixed precision in training: auto (on GPUs and CPUs with fast bf16) | bf16 | off")] = "auto",
+    out: Annotated[Optional[Path], typer.Option(
+        help="checkpoint folder to write (default checkpoints/<target>/<method>[-<arch hash>])")] = None,
+    init_from: Annotated[Optional[Path], typer.Option(
+        help="warm-start from this finished checkpoint (same architecture): a new schedule cycle, its steps counted "
+             "in the total")] = None,
     shards: ShardsOpt = None,
     threads: ThreadsOpt = 0,
 ):
@@ -646,15 +667,17 @@ def train(
 def calibrate_tree_cmd(
     method: MethodOpt,
     target: TargetOpt = "smollm2-135m",
-    checkpoint: Optional[Path] = typer.Option(None, help="drafter weights to fit the tree to (default: the method's reference weights)"),
-    nodes: int = typer.Option(15, help="draft nodes of the tree (verify width = nodes + 1)"),
-    topk: int = typer.Option(10, help="deepest rank a node may take in its head"),
+    checkpoint: Annotated[Optional[Path], typer.Option(
+        help="drafter weights to fit the tree to (default: the method's reference weights)")] = None,
+    nodes: Annotated[int, typer.Option(help="draft nodes of the tree (verify width = nodes + 1)")] = 15,
+    topk: Annotated[int, typer.Option(help="deepest rank a node may take in its head")] = 10,
     data: DistillDataOpt = [],
     prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
     shards: ShardsOpt = None,
-    save: bool = typer.Option(False, "--save", help="make the fitted candidates the checkpoint's default tree "
-                              "(tree=auto: sized per machine from its verify cost curve)"),
-    fixed: bool = typer.Option(False, "--fixed", help="with --save: the --nodes tree itself, on every machine"),
+    save: Annotated[bool, typer.Option(
+        "--save", help="make the fitted candidates the checkpoint's default tree (tree=auto: sized per machine "
+                       "from its verify cost curve)")] = False,
+    fixed: Annotated[bool, typer.Option("--fixed", help="with --save: the --nodes tree itself, on every machine")] = False,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     threads: ThreadsOpt = 0,

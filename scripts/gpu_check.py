@@ -519,7 +519,8 @@ def check_compare(rep: Report, tg: Targets, methods: list[str], n: int, tokens: 
     from rich.console import Console
 
     from harness.report.rebuild import write_report
-    from harness.runs.compare import GridSpec, run_grid
+    from harness.runs.compare import run_grid
+    from harness.runs.config import RunConfig
     from harness.runs.metrics import attach_divergences
     from harness.runs.results import RunDir
 
@@ -530,15 +531,15 @@ def check_compare(rep: Report, tg: Targets, methods: list[str], n: int, tokens: 
         prompt_file, ck_root, settings = compare_inputs(tg, name, methods, n, budget)
         # The target by its path relative to the scratch folder: checkpoints are looked for under
         # $SPECBENCH_CHECKPOINTS/<target name>/<method>.
-        spec = GridSpec(methods=methods, benchmarks=["gpu_check"], target=str(tg.folder(name).relative_to(tg.work)),
-                        dtype="float16", device=str(tg.device), limit=None, max_new_tokens=tokens, settings=settings,
-                        prompt_files={"gpu_check": {"path": str(prompt_file),
-                                                    "sha256": hashlib.sha256(prompt_file.read_bytes()).hexdigest()}})
+        spec = RunConfig(methods=methods, benchmarks=["gpu_check"], target=str(tg.folder(name).relative_to(tg.work)),
+                         dtype="float16", device=str(tg.device), limit=None, max_new_tokens=tokens, settings=settings,
+                         prompt_files={"gpu_check": {"path": str(prompt_file),
+                                                     "sha256": hashlib.sha256(prompt_file.read_bytes()).hexdigest()}})
         cwd = os.getcwd()
         os.environ["SPECBENCH_CHECKPOINTS"] = str(ck_root)
         try:
             os.chdir(tg.work)
-            run = run_grid(spec, out_dir, None, Console(file=io.StringIO()))
+            run = run_grid(spec, out_dir, None, Console(file=io.StringIO()), command="compare")
             files = write_report(Path(run))
         finally:
             os.chdir(cwd)

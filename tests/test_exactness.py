@@ -81,9 +81,9 @@ def test_a_grid_builds_each_drafter_once_and_answers_as_single_runs(shared_data,
     by `begin`), and each temperature's answers equal those of a `run` at that temperature alone."""
     from rich.console import Console
 
-    from harness.runs.compare import GridSpec, run_grid
+    from harness.runs.compare import run_grid
+    from harness.runs.config import RunConfig
     from harness.runs.results import RunDir
-    from harness.runs.runner import Runner
     from methods.pld import PromptLookupDrafter
     from tests.conftest import make_tiny_target
 
@@ -95,14 +95,15 @@ def test_a_grid_builds_each_drafter_once_and_answers_as_single_runs(shared_data,
     create = PromptLookupDrafter.create.__func__
     monkeypatch.setattr(PromptLookupDrafter, "create",
                         classmethod(lambda cls, *a, **k: built.append(cls) or create(cls, *a, **k)))
-    spec = GridSpec(methods=["pld"], benchmarks=["mt_bench"], temperatures=[0.0, 1.0], target="tiny", limit=2,
-                    max_new_tokens=12, dtype="float32")
-    grid = {r["key"]: r for r in RunDir(run_grid(spec, tmp_path / "grid", shared_data, quiet, target)).records()}
+    spec = RunConfig(methods=["pld"], benchmarks=["mt_bench"], temperatures=[0.0, 1.0], target="tiny", limit=2,
+                     max_new_tokens=12, dtype="float32")
+    grid = {r["key"]: r for r in RunDir(run_grid(spec, tmp_path / "grid", shared_data, quiet, target,
+                                                 command="compare")).records()}
     assert len(built) == 1 and len(grid) == 2 * 2 * 2 * 2  # temperatures x questions x turns x (ar, pld)
     meta = json.loads((tmp_path / "grid" / "meta.json").read_text())
     assert meta["config"]["temperatures"] == [0.0, 1.0] and "pld" in meta["config"]["methods_resolved"]
     for t in spec.temperatures:
-        out = Runner(spec.run_config(t, ["pld"]), tmp_path / f"t{t}", shared_data, quiet, target=target).run()
+        out = run_grid(spec.at(t), tmp_path / f"t{t}", shared_data, quiet, target)
         alone = RunDir(out).records()
         assert len(alone) == 2 * 2 * 2
         assert all(r["other_cpu_cores"] >= 0 for r in alone)  # each answer says what else ran meanwhile

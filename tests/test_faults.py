@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from cli import app
+from harness.runs.compare import run_grid
+from harness.runs.config import RunConfig
 from harness.runs.results import RunDir
-from harness.runs.runner import RunConfig, Runner
 
 REPO = Path(__file__).resolve().parent.parent
 EAGLE = REPO / "checkpoints" / "smollm2-135m" / "eagle"
@@ -101,7 +102,7 @@ def test_kill_9_then_a_torn_line_then_resume_gives_every_record_once(smollm2_fp3
     # The same run uninterrupted, in this process: the same keys and the same answers.
     cfg = RunConfig(methods=["pld"], benchmarks=["mt_bench"], target="smollm2-135m", dtype="float32", device="cpu",
                     limit=2, max_new_tokens=16)
-    ref_dir = Runner(cfg, tmp_path / "ref", shared_data, target=smollm2_fp32).run()
+    ref_dir = run_grid(cfg, tmp_path / "ref", shared_data, target=smollm2_fp32)
     ref = {r["key"]: r["output_ids"] for r in RunDir(ref_dir).records()}
     assert sorted(resumed) == sorted(ref)
     assert all(ref[r["key"]] == r["output_ids"] for r in RunDir(out).records())

@@ -8,7 +8,8 @@ import pytest
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
-from harness.runs.compare import GridSpec, run_grid
+from harness.runs.compare import run_grid
+from harness.runs.config import RunConfig
 from harness.runs.results import RunDir
 from tests.conftest import make_tiny_target
 
@@ -23,9 +24,9 @@ def _target():
 def test_typical_rows_beside_lossless_share_ar(shared_data, tmp_path):
     from harness.report.rebuild import write_report
 
-    spec = GridSpec(methods=["pld"], benchmarks=["gsm8k"], temperatures=[0.0, 1.0], target="tiny", limit=2,
+    cfg = RunConfig(methods=["pld"], benchmarks=["gsm8k"], temperatures=[0.0, 1.0], target="tiny", limit=2,
                     max_new_tokens=8, dtype="float32", typical=["pld"])
-    out = run_grid(spec, tmp_path / "grid", shared_data, Console(file=io.StringIO()), _target())
+    out = run_grid(cfg, tmp_path / "grid", shared_data, Console(file=io.StringIO()), _target(), command="compare")
     recs = RunDir(out).records()
     cells = sorted({(r["method"], r["temperature"], r["acceptance"], r["lossy"]) for r in recs})
     assert cells == [("ar", 0.0, "none", False), ("ar", 1.0, "none", False), ("pld", 0.0, "greedy", False),
@@ -39,8 +40,7 @@ def test_typical_rows_beside_lossless_share_ar(shared_data, tmp_path):
 
 @pytest.mark.parametrize("temps,typical,needle", [([0.0], ["pld"], "needs a --temperature > 0"),
                                                   ([1.0], ["eagle"], "not among --methods")])
-def test_typical_needs_sampling_and_a_listed_method(shared_data, tmp_path, temps, typical, needle):
-    spec = GridSpec(methods=["pld"], benchmarks=["gsm8k"], temperatures=temps, target="tiny", limit=1,
-                    max_new_tokens=4, dtype="float32", typical=typical)
-    with pytest.raises(SpecbenchError, match=needle):
-        run_grid(spec, tmp_path / "g", shared_data, Console(file=io.StringIO()), _target())
+def test_typical_needs_sampling_and_a_listed_method(temps, typical, needle):
+    with pytest.raises(SpecbenchError, match=needle):  # the config's own check, before anything loads
+        RunConfig(methods=["pld"], benchmarks=["gsm8k"], temperatures=temps, target="tiny", limit=1,
+                  max_new_tokens=4, dtype="float32", typical=typical)

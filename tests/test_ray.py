@@ -13,7 +13,8 @@ ray = pytest.importorskip("ray", reason="Ray is optional: pip install ray")
 
 from rich.console import Console  # noqa: E402
 
-from harness.runs.compare import GridSpec, run_grid  # noqa: E402
+from harness.runs.compare import run_grid  # noqa: E402
+from harness.runs.config import RunConfig  # noqa: E402
 from harness.runs.distributed import FAIL_ONCE_ENV  # noqa: E402
 from harness.runs.results import RunDir  # noqa: E402
 from tests.test_exactness import _timeless  # noqa: E402
@@ -22,11 +23,11 @@ pytestmark = pytest.mark.smollm2
 DIAGNOSTICS = ("ar_top1", "ar_gap")  # AR's top-1 logit and top-1/top-2 gap per position (near-tie accounting)
 
 
-def spec() -> GridSpec:
+def spec() -> RunConfig:
     # The tree budget is pinned: total_tokens=auto sizes the tree from this machine's verify cost
     # at the worker's thread count (one here, two in the serial run), so the steps would differ
-    return GridSpec(methods=["pld", "eagle2"], benchmarks=["mt_bench", "gsm8k"], temperatures=[0.0], limit=2,
-                    max_new_tokens=32, dtype="float32", device="cpu", settings={"eagle2.total_tokens": 32})
+    return RunConfig(methods=["pld", "eagle2"], benchmarks=["mt_bench", "gsm8k"], temperatures=[0.0], limit=2,
+                     max_new_tokens=32, dtype="float32", device="cpu", settings={"eagle2.total_tokens": 32})
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +38,17 @@ def local_ray():
 
 
 @pytest.fixture(scope="module")
-def serial(shared_data, tmp_path_factory, smollm2_fp32):
-    out = run_grid(spec(), tmp_path_factory.mktemp("serial"), shared_data, Console(file=io.StringIO()), smollm2_fp32)
-    return {r["key"]: r for r in RunDir(out).records()}
+def serial_dir(shared_data, tmp_path_factory, smollm2_fp32):
+    return run_grid(spec(), tmp_path_factory.mktemp("serial"), shared_data, Console(file=io.StringIO()), smollm2_fp32,
+                    command="compare")
 
 
-def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, serial, local_ray, monkeypatch):
+def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, serial_dir, local_ray, monkeypatch):
+    serial = {r["key"]: r for r in RunDir(serial_dir).records()}
     marker = tmp_path / "killed-once"
     monkeypatch.setenv(FAIL_ONCE_ENV, str(marker))  # the first cell to answer kills its worker once
-    out = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), ray=True, pack=True)
+    out = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), command="compare",
+                   ray=True, pack=True)
     assert marker.exists(), "no worker was killed: the fault path went untested"
     records = RunDir(out).records()
     keys = [r["key"] for r in records]
@@ -63,6 +66,11 @@ def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, seria
         assert mine == theirs, f"{r['key']}: Ray answered otherwise"
     meta = json.loads((out / "meta.json").read_text())
     assert set(meta["config"]["methods_resolved"]) == {"ar", "pld", "eagle2"}
+    # The same provenance as the local backend's, target runtime included (one executor writes both).
+    local = json.loads((serial_dir / "meta.json").read_text())
+    assert meta["config"] == local["config"] and meta["target_runtime"] == local["target_runtime"]
+    assert set(local) <= set(meta)
     # Resuming the finished folder on Ray schedules nothing and changes nothing.
-    again = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), ray=True, pack=True)
+    again = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), command="compare",
+                   ray=True, pack=True)
     assert [r["key"] for r in RunDir(again).records()] == keys

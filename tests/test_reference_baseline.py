@@ -16,7 +16,8 @@ from pathlib import Path
 from harness.runs.metrics import attach_divergences
 from harness.runs.regress import check
 from harness.runs.results import RunDir
-from harness.runs.runner import RunConfig, Runner
+from harness.runs.compare import run_grid
+from harness.runs.config import RunConfig
 
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "smollm2-135m-reference-float32.json"
 
@@ -27,7 +28,7 @@ def test_reference_tau_has_not_dropped_and_outputs_equal_ar(smollm2_fp32, shared
     cfg = RunConfig(methods=sorted(prov["checkpoints"]), benchmarks=list(prov["prompts"]), target="smollm2-135m",
                     dtype="float32", device="cpu", limit=2, max_new_tokens=prov["max_new_tokens"],
                     settings=prov.get("settings", {}))
-    run = Runner(cfg, tmp_path / "run", shared_data, target=smollm2_fp32).run()
+    run = run_grid(cfg, tmp_path / "run", shared_data, target=smollm2_fp32)
     verdict = check(tmp_path / "run", BASELINE)
     assert verdict.exit_code == 0, verdict.failed
     diverged = [(r.method, r.benchmark, r.question_id, r.turn)

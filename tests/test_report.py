@@ -660,11 +660,12 @@ def chat_tiny_target():
 def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, chat_tiny_target):
     from rich.console import Console
 
-    from harness.runs.compare import GridSpec, run_ablation
+    from harness.runs.compare import run_ablation
+    from harness.runs.config import RunConfig
 
     def spec():
-        return GridSpec(methods=None, benchmarks=["mt_bench"], temperatures=[1.0, 0.0], target="tiny",
-                        limit=1, max_new_tokens=5, dtype="float32")
+        return RunConfig(methods=None, benchmarks=["mt_bench"], temperatures=[1.0, 0.0], target="tiny",
+                         limit=1, max_new_tokens=5, dtype="float32")
 
     quiet = Console(file=io.StringIO())
     out = tmp_path / "ab"

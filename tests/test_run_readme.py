@@ -13,7 +13,7 @@ from cli import app
 from harness.report.rebuild import write_report
 from harness.report.run_readme import README, _value, command_line, write_run_readme
 from harness.runs.compare import parse_values
-from harness.runs.runner import RunConfig
+from harness.runs.config import RunConfig
 from harness.runs.settings import parse_settings
 from tests.test_regress import edit_json
 from tests.test_report import write_run
@@ -109,7 +109,7 @@ def test_ablation_folder_command(tmp_path):
 def test_run_command_from_a_run_config():
     """`cli.py run` stores a RunConfig (one temperature, no `command`); prompt files come back as NAME=PATH."""
     cfg = RunConfig(methods=["pld", "eagle"], benchmarks=["mt_bench", "mine"], target="tiny", dtype="float32",
-                    ids=[81, 82], max_new_tokens=32, temperature=0.7, acceptance="typical", checkpoint="ck/eagle",
+                    ids=[81, 82], max_new_tokens=32, temperatures=[0.7], acceptance="typical", checkpoint="ck/eagle",
                     settings={"tree_budget": "auto"}, compile=True,
                     prompt_files={"mine": {"path": "/data/my set/question.jsonl", "sha256": "ab" * 32}})
     command = command_line(cfg.to_dict(), Path("/runs/r1"))
@@ -120,5 +120,5 @@ def test_run_command_from_a_run_config():
     assert name == "run" and params["temperature"] == 0.7 and params["compile_"] is True
     assert (params["ids"], params["checkpoint"], params["tree_budget"]) == ("81,82", "ck/eagle", "auto")
     # at its default rule the acceptance is left out
-    plain = RunConfig(methods=["pld"], benchmarks=["gsm8k"], temperature=0.0).to_dict()
+    plain = RunConfig(methods=["pld"], benchmarks=["gsm8k"], temperatures=[0.0]).to_dict()
     assert "--acceptance" not in command_line(plain, Path("/runs/r2"))

@@ -10,7 +10,9 @@ from harness.core.decode import GenerationConfig, generate
 from harness.core.tree import tree_from_parent_map
 from harness.runs.benchmarks import load_questions
 from harness.runs.results import RunDir
-from harness.runs.runner import RunConfig, Runner
+from harness.runs.compare import run_grid
+from harness.runs.config import RunConfig
+from harness.runs.executor import summarize_dir
 from methods.pld import PromptLookupDrafter
 from tests.oracle import OracleDrafter
 from tests.train_helpers import assert_tree_logits_match_paths
@@ -49,15 +51,14 @@ def test_pld_and_oracle_reproduce_ar(smollm2_fp32, shared_data):
 def _run(target, data, out, limit=2):
     cfg = RunConfig(methods=["pld"], benchmarks=["mt_bench"], target="smollm2-135m", dtype="float32",
                     limit=limit, max_new_tokens=8)
-    return Runner(cfg, out, data, target=target)
+    return run_grid(cfg, out, data, target=target)
 
 
 def test_run_writes_records_summary_and_resumes(smollm2_fp32, shared_data, tmp_path, monkeypatch):
-    full = _run(smollm2_fp32, shared_data, tmp_path / "full")
-    full.run()
+    _run(smollm2_fp32, shared_data, tmp_path / "full")
     ref = RunDir(tmp_path / "full").records()
     assert len(ref) == 2 * 2 * 2  # 2 questions x 2 turns x (ar, pld)
-    summary = full.write_summary()
+    summary = summarize_dir(tmp_path / "full")
     pld = summary[summary.method == "pld"].iloc[0]
     assert pld.mismatches == 0 and pld.tau >= 1.0
     meta = json.loads((tmp_path / "full" / "meta.json").read_text())
@@ -75,10 +76,10 @@ def test_run_writes_records_summary_and_resumes(smollm2_fp32, shared_data, tmp_p
 
     monkeypatch.setattr(RunDir, "append", dying_append)
     with pytest.raises(KeyboardInterrupt):
-        _run(smollm2_fp32, shared_data, tmp_path / "killed").run()
+        _run(smollm2_fp32, shared_data, tmp_path / "killed")
     monkeypatch.setattr(RunDir, "append", real_append)
     first = (tmp_path / "killed" / "records.jsonl").read_bytes()
-    _run(smollm2_fp32, shared_data, tmp_path / "killed").run()
+    _run(smollm2_fp32, shared_data, tmp_path / "killed")
     after = (tmp_path / "killed" / "records.jsonl").read_bytes()
     assert after.startswith(first), "finished records must stay byte-identical"
     resumed = RunDir(tmp_path / "killed").records()
@@ -92,6 +93,6 @@ def test_run_writes_records_summary_and_resumes(smollm2_fp32, shared_data, tmp_p
 def test_run_refuses_a_dir_with_another_config(smollm2_fp32, shared_data, tmp_path):
     from harness.core.errors import SpecbenchError
 
-    _run(smollm2_fp32, shared_data, tmp_path / "r", limit=1).run()
+    _run(smollm2_fp32, shared_data, tmp_path / "r", limit=1)
     with pytest.raises(SpecbenchError, match="another config"):
-        _run(smollm2_fp32, shared_data, tmp_path / "r", limit=2).run()
+        _run(smollm2_fp32, shared_data, tmp_path / "r", limit=2)

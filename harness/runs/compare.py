@@ -1,80 +1,33 @@
-"""`cli.py compare` and `cli.py ablate`: `run` over a grid, on one loaded target, in one run folder.
+"""`cli.py run`, `compare` and `ablate`: one path (`run_grid`) from a checked RunConfig to a run folder.
 
-The grid is methods (or variants of one method) x benchmarks x prompts x temperatures. Each
-temperature is one `Runner` (AR inside its per-prompt rotation); `harness.runs.runner.execute_grid`
-runs them all on one target with one set of drafters, in one run folder (records merge by key,
-so the grid resumes like `run`) under one progress view. Tables and plots are then rebuilt from
-the records alone, exactly as `cli.py table DIR` / `cli.py plot DIR` do.
+A grid is methods (or variants of one method) x benchmarks x prompts x temperatures: `run` is a
+grid of one temperature, `compare` of several, `ablate` of one method's variants (`run_ablation`).
+`run_grid` checks the config against the machine once, finds the methods `compare` was not given
+(`discover_methods`) and hands the grid to the executor (harness/runs/executor.py), which answers
+it by one backend into one run folder (records merge by key, so every grid resumes). Tables and
+plots are then rebuilt from the records alone, exactly as `cli.py table DIR` / `cli.py plot DIR` do.
 """
 from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
+from harness.core.target import Target, check_target_spec
 from harness.runs.benchmarks import load_questions, resolve_data_dir
-from harness.runs.results import default_run_dir
-from harness.runs.runner import RunConfig, Runner, execute_grid
+from harness.runs.config import RunConfig
+from harness.runs.executor import Backend, Grid, LocalBackend, execute
+from harness.runs.results import RunDir, default_run_dir
 from harness.runs.settings import check_settings, method_overrides, parse_tree_budget
-from harness.runs.slots import load_target
+from harness.runs.slots import load_target, method_classes
 from methods.registry import method_info
 
 DEFAULT_METHOD = "pld"
-
-
-@dataclass
-class GridSpec:
-    """What `compare` / `ablate` were asked for; its hash names the default run folder."""
-
-    methods: list[str] | None          # None: pld + every trained method whose weights are found
-    benchmarks: list[str]
-    temperatures: list[float] = field(default_factory=lambda: [0.0])
-    target: str = "smollm2-135m"
-    dtype: str = "auto"
-    device: str = "auto"
-    device_map: str | None = None      # see RunConfig
-    compile: bool = False              # see RunConfig
-    limit: int | None = 10
-    ids: list[int] | None = None
-    max_new_tokens: int = 128
-    top_p: float = 1.0
-    acceptance: str | None = None      # the rule at T > 0 (T = 0 is always greedy); default lossless
-    seed: int = 0
-    settings: dict[str, Any] = field(default_factory=dict)
-    chat_template: str | None = None
-    system_prompt: str | None = None
-    prompt_files: dict[str, dict[str, str]] = field(default_factory=dict)   # see RunConfig
-    typical: list[str] = field(default_factory=list)   # methods that also run Medusa's typical rule at T > 0
-
-    def __post_init__(self) -> None:
-        if not self.temperatures:
-            self.temperatures = [0.0]
-        self.temperatures = sorted({float(t) for t in self.temperatures})
-        if not self.benchmarks:
-            raise SpecbenchError("--benchmarks is empty")
-
-    def run_config(self, temperature: float, methods: list[str]) -> RunConfig:
-        return RunConfig(
-            methods=methods, benchmarks=self.benchmarks, target=self.target, dtype=self.dtype, device=self.device,
-            device_map=self.device_map, compile=self.compile, limit=self.limit, ids=self.ids, max_new_tokens=self.max_new_tokens,
-            temperature=temperature,
-            top_p=self.top_p, acceptance=None if temperature == 0 else self.acceptance, seed=self.seed,
-            settings=self.settings, chat_template=self.chat_template, system_prompt=self.system_prompt,
-            prompt_files=self.prompt_files)
-
-    def request(self) -> dict[str, Any]:
-        """The spec as meta.json stores it; the newer fields only when set, so older run folders
-        keep their config hash and resume."""
-        out = asdict(self)
-        for key in ("prompt_files", "typical", "device_map", "compile"):
-            if not out[key]:
-                del out[key]
-        return out
 
 
 # ----------------------------------------------------------------------------- methods
@@ -217,79 +170,70 @@ def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target, 
 
 # ----------------------------------------------------------------------------- the grid
 
-def run_grid(spec: GridSpec, out: Path | None = None, data_dir: str | Path | None = None,
-             console: Console | None = None, target=None, *, command: str = "compare",
+def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
+             console: Console | None = None, target: Target | None = None, *, command: str = "run",
              variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
              train_steps: int = 0, ray: bool = False, ray_address: str | None = None, pack: bool = False) -> Path:
-    """Run the grid into one run folder and return its path (resumes finished cells): one
-    `Runner` per temperature through `execute_grid`, the path `cli.py run` takes too.
+    """The one path of `cli.py run`, `compare` and `ablate` (`command`, which meta.json stores):
+    check `cfg` against this machine once (data, questions, methods, settings, checkpoint), load
+    the target where the driver needs it (to find the methods, check variants, or answer), build
+    the `Grid` and run it by a backend into one run folder; returns the folder (resumes finished
+    answers). User errors are raised before the target loads.
 
-    User errors (benchmarks, options, settings, unknown methods) are raised before the target loads.
-    `ray`: the cells run as Ray tasks (harness/runs/distributed.py); `pack` lets untimed CPU cells
-    share a node, one CPU each.
+    `target`: an already loaded one (tests); `variants`/`ablation`: `run_ablation`'s; `ray`: the
+    answers as Ray tasks (harness/runs/distributed.py), `pack` letting untimed CPU cells share a
+    node, one CPU each.
     """
-    from methods.registry import get_method
-
     console = console or Console(stderr=True)
-    data_dir = resolve_data_dir(data_dir) if any(b not in spec.prompt_files for b in spec.benchmarks) else None
-    request = {"command": command, **spec.request()}
+    backend: Backend = LocalBackend()
+    if ray:
+        from harness.runs.distributed import RayBackend
+
+        backend = RayBackend(ray_address, pack)  # Ray not installed: one line, before anything loads
+    elif pack:
+        raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
+    request = cfg.to_dict(command)
     if ablation:
         request["ablation"] = {k: ablation[k] for k in ("method", "sweep", "fixed", "grid")}
     out = Path(out) if out else default_run_dir(request)
-    probe_methods = spec.methods or [DEFAULT_METHOD]
-    for t in spec.temperatures:
-        spec.run_config(t, probe_methods)  # rule / temperature / limits: one line, before loading
-    files = spec.run_config(spec.temperatures[0], probe_methods).files()
-    for b in spec.benchmarks:
-        load_questions(b, data_dir, spec.limit, spec.ids, files)
-    if spec.methods is not None:
-        check_settings(spec.settings, {m: get_method(m) for m in spec.methods if m != "ar"})
-    if spec.typical:
-        if not any(t > 0 for t in spec.temperatures):
-            raise SpecbenchError("--typical runs Medusa's typical rule, which needs a --temperature > 0")
-        stray = [m for m in spec.typical if spec.methods is not None and m not in spec.methods]
-        if stray:
-            raise SpecbenchError(f"--typical {','.join(stray)}: not among --methods ({','.join(spec.methods or [])})")
-    if ray:
-        from harness.runs.distributed import ray_module
-
-        ray_module()  # not installed: one line, before anything loads
-    elif pack:
-        raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
+    # Built-in benchmarks are read from the data folder; a run of prompt files alone needs none.
+    data_dir = resolve_data_dir(data_dir) if any(b not in cfg.prompt_files for b in cfg.benchmarks) else None
+    questions = {b: load_questions(b, data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
+    if target is None:
+        check_target_spec(cfg.target)
+    classes = checked_classes(cfg) if cfg.methods is not None else {}
     # On Ray the workers load the target; the driver needs one only to find methods or check variants.
-    if target is None and (not ray or spec.methods is None or variants):
-        target = load_target(spec.run_config(spec.temperatures[0], probe_methods), console)
-    methods = spec.methods
-    if methods is None:
-        methods = discover_methods(target, spec.settings, console)
-        console.print(f"methods: {', '.join(methods)}")
+    if target is None and (not ray or cfg.methods is None or variants):
+        target = load_target(cfg, console)
+    if cfg.methods is None:
+        found = discover_methods(target, cfg.settings, console)
+        console.print(f"methods: {', '.join(found)}")
+        cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
+        classes = checked_classes(cfg)
     if variants:
-        check_arch_variants(get_method(methods[0]), variants, target, train_steps, console)
-
-    runners = [Runner(spec.run_config(t, methods), out, data_dir, console, target=target, variants=variants)
-               for t in spec.temperatures]
-    # --typical M: those methods again under Medusa's typical rule (lossy, labelled so) at each T > 0.
-    typical = [m for m in methods if m in spec.typical]
-    for t in (t for t in spec.temperatures if t > 0 and typical):
-        cfg = spec.run_config(t, typical)
-        cfg.acceptance = "typical"
-        cfg.sampling()
-        runners.append(Runner(cfg, out, data_dir, console, target=target, variants=variants))
-    config = {**request, "methods": methods}
+        check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
+    stored = {**request, "methods": cfg.methods}
     if ablation:
-        config["ablation"] = ablation
-    if ray:
-        from harness.runs.distributed import execute_grid_on_ray
-
-        return execute_grid_on_ray(runners, config, ray_address, pack, console)
-    return execute_grid(runners, config)
+        stored["ablation"] = ablation
+    return execute(Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target), backend)
 
 
-def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out: Path | None = None,
-                 data_dir: str | Path | None = None, console: Console | None = None, target=None,
+def checked_classes(cfg: RunConfig) -> dict[str, type]:
+    """The Drafter classes of `cfg`'s methods, with its --set keys and --checkpoint checked against them."""
+    classes = method_classes(cfg.methods)
+    check_settings(cfg.settings, classes)
+    if cfg.checkpoint and not any(c.trainable for c in classes.values()):
+        raise SpecbenchError("--checkpoint given, but no method of this run loads weights")
+    return classes
+
+
+def run_ablation(method: str, pairs: list[str], grid: bool, cfg: RunConfig, out: Path | None = None,
+                 data_dir: str | Path | None = None, console: Console | None = None, target: Target | None = None,
                  train_steps: int = 0, tree_budget: int | str | None = None, **ray: Any) -> Path:
-    """`cli.py ablate`: the variants of `method` beside AR, on the grid of `spec` (`ray`: run_grid's
-    ray, ray_address, pack); `tree_budget` fixes the tree's size for every variant (--set wins)."""
+    """`cli.py ablate`: the variants of `method` (swept by `pairs`, `--set key=v1,v2`) beside AR,
+    on the benchmarks and temperatures of `cfg` (its methods and settings are the ablation's);
+    `ray`: run_grid's ray, ray_address, pack; `tree_budget` fixes the tree's size for every
+    variant (--set wins)."""
     from methods.registry import get_method
 
     cls = get_method(method)
@@ -303,7 +247,5 @@ def run_ablation(method: str, pairs: list[str], grid: bool, spec: GridSpec, out:
         "variants": {label: {k: v for k, v in cls.resolve_config(o).items() if base.get(k) != v}
                      for label, o in variants.items()},
     }
-    spec.methods = [method]
-    spec.settings = {}
-    return run_grid(spec, out, data_dir, console, target, command="ablate", variants=variants, ablation=ablation,
-                    train_steps=train_steps, **ray)
+    return run_grid(replace(cfg, methods=[method], settings={}), out, data_dir, console, target, command="ablate",
+                    variants=variants, ablation=ablation, train_steps=train_steps, **ray)

@@ -4,9 +4,12 @@ the same resumable run folder as a single-process run. Ray is optional (`pip ins
 A cell is one slot (AR, a method or one of its variants, at one temperature and rule) on one
 benchmark: its questions and turns in order, since a second turn continues the slot's own first
 answer. Each task loads the target and builds its one drafter in the worker, warms it up,
-answers the cell's missing records and returns them. The driver never loads a model and is the
-one writer: it appends what comes back, skipping keys already in the file, so a worker killed
-mid-cell (Ray retries its task) loses only that cell's unfinished work and duplicates nothing.
+answers the cell's missing records (`Runner.cell` and `Runner.answer`, as the local backend
+answers) and returns them. `RayBackend` is the executor's second backend: the run folder, resume,
+progress and meta.json are the executor's (harness/runs/executor.py), as for a local run. The
+driver never loads a model and is the one writer: it appends what comes back, skipping keys
+already in the file, so a worker killed mid-cell (Ray retries its task) loses only that cell's
+unfinished work and duplicates nothing.
 
 Resources: a timed cell asks for a whole device (one GPU for a GPU target, else every CPU of a
 node), so no two timed cells ever run side by side; with `pack` (τ and outputs only, e.g. a
@@ -22,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from harness.core.errors import SpecbenchError
-from harness.runs.benchmarks import verify_data_dir
-from harness.runs.runner import PROGRESS_COLUMNS, RunConfig, Runner
-from harness.runs.slots import MethodSlot, build_slots, load_target, resolved_methods
+from harness.runs.benchmarks import Question
+from harness.runs.config import RunConfig
+from harness.runs.executor import Grid, Sink
+from harness.runs.record import AR_METHOD, Record
+from harness.runs.runner import Runner
+from harness.runs.slots import MethodSlot, build_slots, load_target, method_classes, resolved_methods
 
 # Set by tests only (in the driver's environment, passed to the tasks): a worker that answers the
 # first record of a cell while this file is absent creates it and dies (os._exit), as a killed
@@ -46,9 +51,10 @@ def ray_module():
 
 @dataclass(frozen=True)
 class Cell:
-    """One task: slot `label` (AR, a method, or a variant) of runner `runner` on `benchmark`."""
+    """One task: slot `label` (AR, a method, or a variant) of run `run` (an index into
+    `RunConfig.runs()`) on `benchmark`."""
 
-    runner: int
+    run: int
     method: str          # "ar" or a method name
     label: str           # the variant label ("" for a plain method)
     benchmark: str
@@ -56,18 +62,16 @@ class Cell:
 
 @dataclass(frozen=True)
 class GridRef:
-    """What every task needs to rebuild its runner: the run folder and data folder (absolute), the
-    ablation variants, and the driver's working directory (relative prompt-file paths resolve there)."""
+    """What every task needs beside its config: the ablation variants, and the driver's working
+    directory (a relative target path or checkpoint folder resolves there)."""
 
-    out: str
-    data_dir: str | None
     variants: dict | None
     cwd: str
 
 
-def _worker_runner(cfg: RunConfig, grid: GridRef, threads: int | None):
-    """A Runner in a worker with its own target (the worker's copy of the grid's runner), in the
-    driver's working directory (relative prompt-file paths in the config resolve as there)."""
+def _worker_target(cfg: RunConfig, grid: GridRef, threads: int | None):
+    """In a worker: the driver's working directory and heap settings, `threads` torch threads,
+    and the worker's own copy of the target."""
     import torch
 
     from harness.core.allocator import keep_freed_memory
@@ -77,48 +81,42 @@ def _worker_runner(cfg: RunConfig, grid: GridRef, threads: int | None):
         os.chdir(grid.cwd)
     if threads:
         torch.set_num_threads(threads)
-    console = Console(stderr=True, quiet=True)
-    runner = Runner(cfg, Path(grid.out), grid.data_dir, console, variants=grid.variants)
-    runner.target = load_target(cfg, console)
-    return runner
+    return load_target(cfg, Console(stderr=True, quiet=True))
 
 
 def resolve_task(cfg: RunConfig, grid: GridRef) -> dict[str, Any]:
-    """In a worker: build every slot once, for meta.json's `methods_resolved` and the slots' hashes."""
-    runner = _worker_runner(cfg, grid, None)
-    slots = build_slots(runner.target, runner.classes, cfg, grid.variants)
-    return {"methods_resolved": resolved_methods(slots),
+    """In a worker: build every slot once, for meta.json's `methods_resolved`, the slots' hashes
+    and the target runtime the cells run on."""
+    target = _worker_target(cfg, grid, None)
+    slots = build_slots(target, method_classes(cfg.methods), cfg, grid.variants)
+    return {"methods_resolved": resolved_methods(slots), "target_runtime": target.runtime_name,
             "slots": [(s.name, s.label, s.config_hash, s.drafter is None) for s in slots]}
 
 
-def cell_task(cfg: RunConfig, grid: GridRef, cell: Cell, existing: dict[str, dict], threads: int | None,
-              fail_marker: str | None = None) -> list[dict]:
-    """In a worker: answer one cell's missing records (after a warm-up) and return them."""
+def cell_task(cfg: RunConfig, questions: list[Question], grid: GridRef, cell: Cell, existing: dict[str, Record],
+              threads: int | None, fail_marker: str | None = None) -> list[Record]:
+    """In a worker: answer one cell's missing records (after a warm-up) and return them.
+    `cfg`: the cell's run (one temperature and rule); `existing`: the cell's finished records."""
     import torch
 
-    runner = _worker_runner(cfg, grid, threads)
-    classes = {} if cell.method == "ar" else {cell.method: runner.classes[cell.method]}
-    mine = {cell.label: grid.variants[cell.label]} if (grid.variants and cell.method != "ar") else None
-    slots = build_slots(runner.target, classes, cfg, mine)
-    slot = slots[0] if cell.method == "ar" else slots[1]
-    runner.slots = [slot]
+    target = _worker_target(cfg, grid, threads)
+    classes = method_classes([cell.method])
+    mine = {cell.label: grid.variants[cell.label]} if (grid.variants and cell.method != AR_METHOD) else None
+    slot = build_slots(target, classes, cfg, mine)[-1]   # AR's slot comes first, the cell's method after it
+    runner = Runner(cfg, {cell.benchmark: questions}, target, [slot])
     runner.warm_up()
-    if fail_marker and not Path(fail_marker).exists():
-        runner._answer = _dying(runner._answer, Path(fail_marker))
     node = {"node": socket.gethostname(), "pid": os.getpid(), "threads": torch.get_num_threads()}
-    records = runner.cell_records(slot, cell.benchmark, existing)
-    for rec in records:
+    records = []
+    for s, q, turn in runner.cell(slot, cell.benchmark):
+        rec = runner.answer(s, q, turn, existing)
+        if rec is None:
+            continue
         rec.extra["worker"] = node  # written after the record's own fields
+        records.append(rec)
+        if fail_marker and not Path(fail_marker).exists():
+            Path(fail_marker).write_text("killed once\n")
+            os._exit(1)
     return records
-
-
-def _dying(answer, marker: Path):
-    def wrapped(*args, **kwargs):
-        out = answer(*args, **kwargs)
-        marker.write_text("killed once\n")
-        os._exit(1)
-        return out
-    return wrapped
 
 
 def _resources(cfg: RunConfig, pack: bool, node_cpus: int) -> tuple[dict[str, Any], int | None]:
@@ -130,64 +128,65 @@ def _resources(cfg: RunConfig, pack: bool, node_cpus: int) -> tuple[dict[str, An
     return {"num_cpus": node_cpus}, node_cpus
 
 
-def execute_grid_on_ray(runners: list[Runner], config: dict[str, Any], address: str | None, pack: bool,
-                        console: Console) -> Path:
-    """`execute_grid` with the cells as Ray tasks (see the module docstring). Returns the run folder."""
-    ray = ray_module()
-    first = runners[0]
-    if not ray.is_initialized():
-        # Workers import this project as the driver does (installed with `pip install -e .` on
-        # every node of a cluster); without an address Ray starts a local one on this machine.
-        ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
-    node_cpus = max(1, int(min(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])))
-    grid = GridRef(str(first.run_dir.path.resolve()),
-                   str(Path(first.data_dir).resolve()) if first.data_dir is not None else None,
-                   first.variants, os.getcwd())
-    with console.status("building the drafters once, in a worker"):
-        resolved = ray.get(ray.remote(resolve_task).options(num_cpus=1).remote(first.cfg, grid))
-    run_dir = first.run_dir
-    run_dir.open({**config, "methods_resolved": resolved["methods_resolved"]})
-    if first.data_dir is not None:
-        run_dir.write_extra({"data_dir": str(first.data_dir), "official_prompts": verify_data_dir(first.data_dir)})
-    existing = {r.key: r for r in run_dir.read_records()}
+class RayBackend:
+    """The executor's Ray backend (see the module docstring): the driver never loads a model."""
 
-    # The cells, each once: AR's answers are keyed without the rule, so the runners of one
-    # temperature (lossless and typical) share AR's cells. The drafters live in the workers: the
-    # driver's slots stand in for them (only `drafter is None`, AR, matters to the keys).
-    slot_of = {(n, lab): MethodSlot(n, None if is_ar else "in a worker", {}, h, None, lab)
-               for n, lab, h, is_ar in resolved["slots"]}
-    cells, seen = [], set()
-    for i, r in enumerate(runners):
-        for (name, label), slot in slot_of.items():
-            if slot.drafter is not None and name not in r.cfg.methods:
-                continue
-            for bench in r.cfg.benchmarks:
-                keys = tuple(r.cell_keys(slot, bench))
-                if keys in seen or all(k in existing for k in keys):
+    def __init__(self, address: str | None, pack: bool) -> None:
+        self.ray = ray_module()  # not installed: one line, before anything loads
+        self.address, self.pack = address, pack
+        self.runs: list[RunConfig] = []
+        self.cells: list[tuple[Cell, tuple[str, ...]]] = []
+
+    def start(self, grid: Grid) -> tuple[dict[str, Any], str]:
+        ray = self.ray
+        if not ray.is_initialized():
+            # Workers import this project as the driver does (installed with `pip install -e .` on
+            # every node of a cluster); without an address Ray starts a local one on this machine.
+            ray.init(address=self.address or None, include_dashboard=False, log_to_driver=False)
+        self.node_cpus = max(1, int(min(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])))
+        self.ref = GridRef(grid.variants, os.getcwd())
+        with grid.console.status("building the drafters once, in a worker"):
+            resolved = ray.get(ray.remote(resolve_task).options(num_cpus=1).remote(grid.cfg, self.ref))
+        # The drafters live in the workers: the driver's slots stand in for them (only
+        # `drafter is None`, AR, matters to the keys).
+        self.slots = [MethodSlot(n, None if is_ar else "in a worker", {}, h, None, lab)
+                      for n, lab, h, is_ar in resolved["slots"]]
+        self.runs = grid.cfg.runs()
+        return resolved["methods_resolved"], resolved["target_runtime"]
+
+    def warm_up(self, grid: Grid) -> None:
+        """Each task warms its own drafter up."""
+
+    def plan(self, grid: Grid, existing: dict[str, Record]) -> tuple[str, int]:
+        """The cells with an answer missing, each once: AR's answers are keyed without the rule,
+        so the runs of one temperature (lossless and typical) share AR's cells."""
+        self.cells, seen = [], set()
+        for i, run in enumerate(self.runs):
+            runner = Runner(run, grid.questions, None, self.slots)
+            for slot in self.slots:
+                if slot.drafter is not None and slot.name not in run.methods:
                     continue
-                seen.add(keys)
-                cells.append((Cell(i, name, label, bench), keys))
-    task = ray.remote(cell_task)
-    pending = {}
-    for cell, keys in cells:
-        r = runners[cell.runner]
-        opts, threads = _resources(r.cfg, pack, node_cpus)
-        mine = {k: existing[k] for k in keys if k in existing}
-        # one .options() call: Ray's options wrapper has no .options of its own
-        ref = task.options(max_retries=TASK_RETRIES, retry_exceptions=False, **opts).remote(
-            r.cfg, grid, cell, mine, threads, os.environ.get(FAIL_ONCE_ENV))
-        pending[ref] = (cell, keys)
-    total = sum(len(k) for _, k in cells)
-    with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
-        bar = progress.add_task(f"answers ({len(cells)} Ray cells)", total=total)
+                for bench in run.benchmarks:
+                    keys = tuple(runner.cell_keys(slot, bench))
+                    if keys in seen or all(k in existing for k in keys):
+                        continue
+                    seen.add(keys)
+                    self.cells.append((Cell(i, slot.name, slot.label, bench), keys))
+        return f"answers ({len(self.cells)} Ray cells)", sum(len(k) for _, k in self.cells)
+
+    def answer(self, grid: Grid, existing: dict[str, Record], sink: Sink) -> None:
+        ray, task, pending = self.ray, self.ray.remote(cell_task), {}
+        for cell, keys in self.cells:
+            run = self.runs[cell.run]
+            opts, threads = _resources(run, self.pack, self.node_cpus)
+            mine = {k: existing[k] for k in keys if k in existing}
+            # one .options() call: Ray's options wrapper has no .options of its own
+            ref = task.options(max_retries=TASK_RETRIES, retry_exceptions=False, **opts).remote(
+                run, grid.questions[cell.benchmark], self.ref, cell, mine, threads, os.environ.get(FAIL_ONCE_ENV))
+            pending[ref] = (cell, keys)
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             cell, keys = pending.pop(done[0])
-            for rec in ray.get(done[0]):
-                if rec.key not in existing:  # one writer, each key once
-                    run_dir.append(rec)
-                    existing[rec.key] = rec
-            progress.update(bar, advance=len(keys), description=f"T={runners[cell.runner].cfg.temperature:g} "
-                                                                 f"{cell.benchmark} {cell.label or cell.method}")
-    first.write_summary()
-    return run_dir.path
+            sink.add(ray.get(done[0]), len(keys))   # the driver is the one writer: each key once
+            sink.show(f"T={self.runs[cell.run].temperature:g} {cell.benchmark} {cell.label or cell.method}")
+        sink.summarize()

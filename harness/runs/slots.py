@@ -3,7 +3,7 @@ per ablation variant of it), built once and shared by every temperature of the g
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
@@ -11,11 +11,9 @@ from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
 from harness.core.machine_meta import contention_warning
 from harness.core.target import Target, check_target_spec
+from harness.runs.config import RunConfig
 from harness.runs.record import AR_METHOD
 from harness.runs.settings import method_overrides
-
-if TYPE_CHECKING:
-    from harness.runs.runner import RunConfig
 
 
 @dataclass
@@ -39,6 +37,13 @@ def load_target(cfg: RunConfig, console: Console) -> Target:
     if cfg.compile:
         target.enable_compile()
     return target
+
+
+def method_classes(methods: list[str]) -> dict[str, type]:
+    """The Drafter class of each method (AR aside); an unknown name fails here, before loading."""
+    from methods.registry import get_method
+
+    return {m: get_method(m) for m in methods if m != AR_METHOD}
 
 
 def build_slots(target: Target, classes: dict[str, type], cfg: RunConfig,
