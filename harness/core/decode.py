@@ -2,9 +2,11 @@
 
 Plain autoregressive decoding is the same loop with an empty draft (the tree is the root alone),
 so AR and every drafter run on the same Target, cache and acceptance code. As in gpt-fast's
-`generate.py`, the loop is a few small functions: `prefill`, `speculative_step` (one step, with
-its timings), `Answer.extend` (trimming at EOS, a stop string or the token limit) and `generate`,
-which strings them together and keeps the per-step records.
+`generate.py`, the loop is a few small functions: `prefill`, `speculative_step` (one step: the
+algorithm alone), `Answer.extend` (trimming at EOS, a stop string or the token limit) and
+`generate`, which strings them together. What is measured is measured around them: `generate`
+hands the step a `PhaseTimer` hook to mark its phases with, and a `GenerationTrace`
+(harness/core/generation.py) files the clocks, the per-step records and the logit gaps.
 
 On a GPU the loop keeps the target's tensors on its device. Per step it copies to the device the
 tree's tokens, position ids and mask (`DraftTree.verify_inputs`) and the accepted path's row
@@ -21,10 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.core.errors import SpecbenchError
+from harness.core.generation import Generation, GenerationTrace
 from harness.core.kvcache import KVCache
 from harness.core.packed_linear import weight_format
 from harness.core.target import Target, TargetOutput
-from harness.core.timing import Clock
+from harness.core.timing import Clock, Phase, untimed
 from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
 
@@ -79,41 +82,6 @@ class GenerationConfig:
             raise SpecbenchError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 
 
-@dataclass
-class Generation:
-    """One answer: its tokens, why it stopped, its clock, and one entry per step in each step list."""
-
-    output_ids: list[int]
-    prompt_tokens: int
-    prefill_s: float
-    wall_s: float
-    stop_reason: str
-    tree_size: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    draft_ms: list[float] = field(default_factory=list)
-    verify_ms: list[float] = field(default_factory=list)
-    top1: list[float] | None = None
-    gap: list[float] | None = None
-
-    @property
-    def steps(self) -> dict[str, list]:
-        return {"tree_size": self.tree_size, "accepted": self.accepted, "tokens": self.tokens,
-                "draft_ms": [round(x, 3) for x in self.draft_ms],
-                "verify_ms": [round(x, 3) for x in self.verify_ms]}
-
-    @property
-    def tau(self) -> float:
-        return sum(self.tokens) / max(1, len(self.tokens))
-
-    def add_step(self, step: Step) -> None:
-        self.tree_size.append(step.tree.size)
-        self.accepted.append(step.verdict.accepted)
-        self.tokens.append(len(step.kept))
-        self.draft_ms.append(step.draft_s * 1e3)
-        self.verify_ms.append(step.verify_s * 1e3)
-
-
 # ----------------------------------------------------------------------------- small pieces
 
 def pick_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
@@ -121,12 +89,6 @@ def pick_token(logits_row: torch.Tensor, sampling: Sampling, generator: torch.Ge
     if sampling.temperature == 0:
         return int(greedy_tokens(logits_row))
     return sample(processed_probs(logits_row, sampling.temperature, sampling.top_p), generator)
-
-
-def top1_and_gap(logits_rows: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per row: the top-1 logit and its gap to the top-2 (how close AR greedy was to a tie)."""
-    v = logits_rows.float().topk(2, dim=-1).values
-    return v[:, 0].tolist(), (v[:, 0] - v[:, 1]).tolist()
 
 
 def stop_string_cut(target: Target, out: list[int], n_new: int, stop_strings: tuple[str, ...]) -> int | None:
@@ -152,6 +114,14 @@ class Answer:
     ids: list[int]
     context: list[int]      # one list for the whole answer: extended in place, never replaced
     stop_reason: str = "length"
+
+    @classmethod
+    def begin(cls, target: Target, cfg: GenerationConfig, prompt_ids: list[int], root: int) -> Answer:
+        """The answer after the prefill: the root alone, already finished if the root is an EOS."""
+        answer = cls(target, cfg, target.eos_token_ids, [root], list(prompt_ids) + [root])
+        if root in answer.eos:
+            answer.stop_reason = "eos"
+        return answer
 
     @property
     def finished(self) -> bool:
@@ -227,89 +197,82 @@ def verify_tree(target: Target, cache: KVCache, tree: DraftTree, sampling: Sampl
     return verified, verdict
 
 
+def propose(drafter, ctx: DraftContext) -> DraftTree:
+    """2. The drafter's tree under `ctx.root`, or the root alone (plain AR) without a drafter."""
+    if drafter is None:
+        return DraftTree.root_only(ctx.root)
+    with drafting_weights(drafter):
+        return drafter.propose(ctx)
+
+
+def observe(drafter, tree: DraftTree, verified: TargetOutput, verdict: Verdict) -> None:
+    """5. The drafter sees the accepted path: its tokens [A+1] and, at its rows, the target's
+    features [A+1, H], logits [A+1, V] and the inputs [A+1, H] of the layers it asked for."""
+    path = verdict.path
+    rows = torch.tensor(path, device=verified.hidden.device)
+    with drafting_weights(drafter):
+        layers = {i: h[rows.to(h.device)] for i, h in verified.layers.items()} if verified.layers else None
+        drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[rows], verdict.bonus,
+                                   verified.logits[rows], layers))
+
+
 @dataclass
 class Step:
-    """What one speculative step did, and its clock."""
+    """What one speculative step did, and its clock (filled by the loop's trace; 0.0 untimed)."""
 
     tree: DraftTree
     verified: TargetOutput  # logits [N+1, V] and hidden [N+1, H] of root + tree nodes
     verdict: Verdict
     kept: list[int]         # new tokens the answer kept (accepted drafts + bonus, after trimming)
-    draft_s: float          # propose + observe
-    verify_s: float         # target forward + verify + cache commit
+    draft_s: float = 0.0    # propose + observe
+    verify_s: float = 0.0   # target forward + verify + cache commit
 
 
 def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, root: int,
                      sampling: Sampling, generator: torch.Generator | None, room: int,
-                     clock: Clock | None = None) -> Step:
+                     phase: Phase = untimed) -> Step:
     """One step: 2. propose a tree under `root`; 3. verify it with one target forward; 4. accept
-    a path and commit its cache rows; trim the new tokens into `answer`; 5. let the drafter
+    a path and commit its cache rows, and trim the new tokens into `answer`; 5. let the drafter
     observe the accepted tokens and their target features (unless the answer is finished).
-    `clock`: the loop's (default: one on the target's devices)."""
-    clock = clock or Clock(target.devices)
-    t_propose = clock.now()
-    if drafter is None:
-        tree = DraftTree.root_only(root)
-    else:
-        with drafting_weights(drafter):
-            tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
-    t_verify = clock.now()
-    verified, verdict = verify_tree(target, cache, tree, sampling, generator, feature_layers(drafter))
-    t_verified = clock.now()
-    path = verdict.path
-    kept = answer.extend(tree.tokens[path[1:]].tolist() + [verdict.bonus])
-    t_observe = clock.now()
-    if drafter is not None and not answer.finished:
-        rows = torch.tensor(path, device=verified.hidden.device)
-        with drafting_weights(drafter):
-            layers = {i: h[rows.to(h.device)] for i, h in verified.layers.items()} if verified.layers else None
-            drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[rows], verdict.bonus,
-                                       verified.logits[rows], layers))
-    t_done = clock.now()
-    return Step(tree, verified, verdict, kept, draft_s=(t_verify - t_propose) + (t_done - t_observe),
-                verify_s=t_verified - t_verify)
+    `phase`: the hook that marks the timed phases (the loop's `PhaseTimer`; default: none)."""
+    with phase("propose"):
+        tree = propose(drafter, DraftContext(answer.context, root, sampling, generator, room))
+    with phase("verify"):
+        verified, verdict = verify_tree(target, cache, tree, sampling, generator, feature_layers(drafter))
+    kept = answer.extend(tree.tokens[verdict.path[1:]].tolist() + [verdict.bonus])
+    with phase("observe"):
+        if drafter is not None and not answer.finished:
+            observe(drafter, tree, verified, verdict)
+    return Step(tree, verified, verdict, kept)
+
+
+def context_limit(target: Target, prompt_ids: list[int]) -> int:
+    """The target's context length, once the prompt is known to fit it with room for one token."""
+    if not prompt_ids:
+        raise SpecbenchError("empty prompt: nothing to condition on")
+    max_ctx = getattr(target.config, "max_position_embeddings", 1 << 30)
+    if len(prompt_ids) + 1 >= max_ctx:
+        raise SpecbenchError(f"prompt of {len(prompt_ids)} tokens does not fit the target's context ({max_ctx})")
+    return max_ctx
 
 
 @torch.inference_mode()
 def generate(target: Target, prompt_ids: list[int], cfg: GenerationConfig, drafter=None) -> Generation:
-    """Generate up to cfg.max_new_tokens after `prompt_ids`, with `drafter` or autoregressively."""
-    if not prompt_ids:
-        raise SpecbenchError("empty prompt: nothing to condition on")
-    sampling = cfg.sampling
-    generator = torch.Generator().manual_seed(cfg.seed) if sampling.temperature > 0 else None
-    max_ctx = getattr(target.config, "max_position_embeddings", 1 << 30)
-    if len(prompt_ids) + 1 >= max_ctx:
-        raise SpecbenchError(f"prompt of {len(prompt_ids)} tokens does not fit the target's context ({max_ctx})")
-    clock = Clock(target.devices)
-    started = clock.now()
+    """Generate up to cfg.max_new_tokens after `prompt_ids`, with `drafter` or autoregressively. The
+    trace times the prefill, each step's phases and the whole, and keeps the logit gaps if cfg asks."""
+    max_ctx = context_limit(target, prompt_ids)
+    generator = torch.Generator().manual_seed(cfg.seed) if cfg.sampling.temperature > 0 else None
+    trace = GenerationTrace(Clock(target.devices), len(prompt_ids), cfg.record_logit_gaps)
 
     cache, prefilled, root = prefill(target, prompt_ids, cfg, generator, drafter)
-    answer = Answer(target, cfg, target.eos_token_ids, [root], list(prompt_ids) + [root])
-    if root in answer.eos:
-        answer.stop_reason = "eos"
-    res = Generation(answer.ids, len(prompt_ids), prefill_s=0.0, wall_s=0.0, stop_reason="")
-    if cfg.record_logit_gaps:
-        res.top1, res.gap = top1_and_gap(prefilled.logits[-1:])
-    res.prefill_s = clock.now() - started
-
+    answer = Answer.begin(target, cfg, prompt_ids, root)
+    trace.prefilled(prefilled)
     while not answer.finished and answer.room > 0:
         room = min(answer.room, max_ctx - cache.length - 2)
         if room < 1:
             answer.stop_reason = "context"
             break
-        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, room, clock)
-        if cfg.record_logit_gaps:
-            top1, gap = top1_and_gap(step.verified.logits[step.verdict.path])
-            res.top1 += top1
-            res.gap += gap
-        res.add_step(step)
+        step = speculative_step(target, cache, drafter, answer, root, cfg.sampling, generator, room, trace.phases)
+        trace.add(step)
         root = step.verdict.bonus
-        if answer.stop_reason == "stop":
-            break
-
-    res.output_ids, res.stop_reason = answer.ids, answer.stop_reason
-    if cfg.record_logit_gaps:
-        res.top1 = res.top1[: len(res.output_ids)]
-        res.gap = res.gap[: len(res.output_ids)]
-    res.wall_s = clock.now() - started
-    return res
+    return trace.finish(answer.ids, answer.stop_reason)

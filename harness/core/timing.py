@@ -9,16 +9,23 @@ and leave out the host-side work between launches (a drafter's Python, the accep
 a small model on a fast GPU is mostly made of, and which the user waits for all the same. A
 synchronise on an idle device costs a few microseconds, and the loop already waits at each step's
 acceptance rule (it must read the target's tokens), so the extra waits cost close to nothing.
+
+`PhaseTimer` times named phases on a Clock: the decoding loop hands one to its step
+(harness/core/decode.py), which marks its phases with it and reads no clock itself.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
 Devices = torch.device | str | Iterable[torch.device | str] | None
+# A hook that marks one named phase of a step: `with phase("verify"): ...`.
+Phase = Callable[[str], AbstractContextManager[None]]
 
 
 def cuda_devices(devices: Devices) -> tuple[torch.device, ...]:
@@ -64,3 +71,27 @@ class Clock:
 def now(devices: Devices = None) -> float:
     """`Clock(devices).now()`: for a one-off reading (a loop holds a Clock)."""
     return Clock(devices).now()
+
+
+class PhaseTimer:
+    """A `Phase` hook that adds each block's seconds on `clock` to `seconds[phase]`, until `take()`."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = self.clock.now()
+        yield
+        self.seconds[phase] += self.clock.now() - started
+
+    def take(self) -> defaultdict[str, float]:
+        """The seconds per phase so far (0.0 for a phase never run); the timer starts again from zero."""
+        seconds, self.seconds = self.seconds, defaultdict(float)
+        return seconds
+
+
+def untimed(phase: str) -> AbstractContextManager[None]:
+    """The `Phase` hook that reads no clock: a step run outside the loop (a sampling-law check)."""
+    return nullcontext()
