@@ -1,8 +1,7 @@
 """Paper-style figures of a run's statistics, and the τ history across commits.
 
-One column wide (3.4 in, ~700 px at README width), small fonts, one colour and one display name
-per method in every figure, both declared once by the method (methods.registry.method_info);
-variants of one method (ablations) take a palette of their own. Lossy rows are hatched or drawn
+The shared look (size, fonts, colours, captions, date-free files) is harness/report/figure_style.py;
+every figure names a method by its declared display name (methods.registry.method_info). Lossy rows are hatched or drawn
 hollow. Every figure ends with a caption line: target, dtype, machine, answers per cell (or row),
 and the interval shown. Files: `plots/{speedup,tau,depth,time}.{png,svg}` (+ `ablation.*` for
 `cli.py ablate` folders); `history.{png,svg}` for `cli.py history`. PNG and SVG carry no date or
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,36 +19,31 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
-from harness.report.tables import answers_text, benchmark_title, frame_label, setting_text
 from harness.report.cells import Cell
+from harness.report.figure_style import (
+    COLUMN_WIDTH_IN,
+    VARIANT_COLORS,
+    agg_context,
+    caption,
+    legend_above,
+    method_color,
+    new_figure,
+    save_figure,
+    shade,
+    variant_colors,
+)
 from harness.report.statistics import RunStats
+from harness.report.tables import answers_text, benchmark_title, frame_label, setting_text
 from harness.runs.metrics import CI_LEVEL
 from harness.runs.record import AR_METHOD, is_lossy
 from harness.runs.run_data import MEAN, Row, RunData, display_label, fmt_temperature, row_label
 from methods.registry import method_info
 
-# Several variants of one method (ablations): one colour each, in variant order, after the
-# method's own colour (which the first variant, the default, takes).
-VARIANT_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#882255",
-                  "#999933", "#332288", "#44AA99", "#117733", "#AA4499")
 # Draft / verify / other in the time plot: greys and a hatch, apart from the method colours.
 PART_STYLE = {"draft": ("#3A3A3A", ""), "verify": ("#B4B4B4", ""), "other": ("#FFFFFF", "//////")}
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-COLUMN_WIDTH_IN = 3.4  # one column of a two-column paper; ~700 px at README width
-CAPTION_CHARS = 84     # characters per caption line at the caption's font size and column width
 INTERVAL = f"{int(CI_LEVEL * 100)}% bootstrap intervals over answers"
-
-
-def method_color(method: str) -> str:
-    """The method's declared colour (AR grey; a stable spare colour for undeclared methods)."""
-    return method_info(method).color
-
-
-def variant_colors(method: str) -> list[str]:
-    """Colours for the variants of `method`: its own first, then the variant palette."""
-    own = method_color(method)
-    return [own, *[c for c in VARIANT_COLORS if c.lower() != own.lower()]]
 
 
 def row_color(run: RunData, row: Row) -> str:
@@ -62,65 +55,9 @@ def row_color(run: RunData, row: Row) -> str:
     return method_color(row.method)
 
 
-# ----------------------------------------------------------------------------- style and files
-
-def _style() -> dict[str, Any]:
-    return {
-        "font.size": 7, "axes.titlesize": 7.5, "axes.labelsize": 7, "xtick.labelsize": 6.5,
-        "ytick.labelsize": 6.5, "legend.fontsize": 6.5, "axes.spines.top": False, "axes.spines.right": False,
-        "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5, "axes.axisbelow": True,
-        "svg.hashsalt": "specbench", "svg.fonttype": "path", "hatch.linewidth": 0.5,
-        "figure.dpi": 100, "savefig.dpi": 300, "lines.linewidth": 1.2, "lines.markersize": 3.5,
-    }
-
-
-def _save(fig, out: Path, name: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ext, meta in (("png", {"Software": None}), ("svg", {"Date": None, "Creator": None})):
-        path = out / f"{name}.{ext}"
-        fig.savefig(path, format=ext, bbox_inches="tight", pad_inches=0.03, metadata=meta)
-        paths.append(path)
-    return paths
-
-
-def _figure(height: float, width: float = COLUMN_WIDTH_IN):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _legend_above(fig, handles, labels) -> None:
-    if not handles:
-        return
-    longest = max(len(s) for s in labels)
-    ncol = min(len(labels), 2 if longest > 22 else 3 if longest > 12 else 4)
-    # matplotlib fills a legend column by column; reorder so that it reads row by row, in row order
-    nrows = math.ceil(len(labels) / ncol)
-    order = [r * ncol + c for c in range(ncol) for r in range(nrows) if r * ncol + c < len(labels)]
-    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside upper center", ncol=ncol,
-               frameon=False, handlelength=1.5, columnspacing=1.0)
-
-
-def caption(fig, text: str, width: float = COLUMN_WIDTH_IN) -> None:
-    """The figure's caption line(s) under everything else, small and grey."""
-    chars = int(CAPTION_CHARS * width / COLUMN_WIDTH_IN)
-    fig.supxlabel("\n".join(textwrap.wrap(text, chars)), fontsize=5.5, color="#444444", ha="center")
-
-
 def run_caption(run: RunData, answers: list[int], per: str, shown: str) -> str:
     """'<target>, <dtype>, <machine> · <n> answers per <per> · <shown>'."""
     return f"{setting_text(run)} · {answers_text(answers)} answers per {per} · {shown}"
-
-
-def _agg():
-    """matplotlib without a display, imported only when a figure is drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import rc_context
-
-    return rc_context(_style())
 
 
 def _temperature_title(ax, t: float, temps: list[float]) -> None:
@@ -134,7 +71,7 @@ def _bars(run: RunData, cells: dict[Row, dict[str, Cell]], metric: str, ylabel: 
           columns: list[str] | None = None, titles: dict[str, str] | None = None):
     """Grouped bars of `metric` per benchmark (or per `columns`, labelled `titles`), one panel per temperature."""
     temps = [t for t in run.temperatures if any(r.temperature == t for r in run.rows)]
-    fig = _figure(0.75 + 1.55 * len(temps))
+    fig = new_figure(0.75 + 1.55 * len(temps))
     axes = fig.subplots(len(temps), 1, squeeze=False)[:, 0]
     columns = run.columns if columns is None else columns
     title = (lambda c: titles[c]) if titles else benchmark_title
@@ -160,7 +97,7 @@ def _bars(run: RunData, cells: dict[Row, dict[str, Cell]], metric: str, ylabel: 
         ax.set_ylim(bottom=0)
         ax.grid(axis="x", visible=False)
         _temperature_title(ax, t, temps)
-    _legend_above(fig, list(handles.values()), list(handles))
+    legend_above(fig, list(handles.values()), list(handles))
     answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
     caption(fig, run_caption(run, answers, "cell", f"whiskers: {INTERVAL}; dashed line: AR"))
     return fig
@@ -178,7 +115,7 @@ def _depth_plot(run: RunData, curves: dict[Row, list[float]]):
     settings = list(dict.fromkeys((r.temperature, r.acceptance, r.lossy) for r in rows))
     ncols = 1 if len(panels) == 1 else 2 if len(panels) <= 6 else 3
     nrows = math.ceil(len(panels) / ncols)
-    fig = _figure(0.75 + 1.05 * nrows)
+    fig = new_figure(0.75 + 1.05 * nrows)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     depth = max(len(curves[r]) for r in rows)
     for i, name in enumerate(panels):
@@ -211,7 +148,7 @@ def _depth_plot(run: RunData, curves: dict[Row, list[float]]):
                    for k, (t, acceptance, lossy) in enumerate(settings)]
         labels = [f"T={fmt_temperature(t)} {acceptance}" + (" (lossy)" if lossy else "")
                   for t, acceptance, lossy in settings]
-        _legend_above(fig, handles, labels)
+        legend_above(fig, handles, labels)
     answers = [len(run.row_records(r)) for r in rows]
     caption(fig, run_caption(run, answers, "row", "share of all verify steps, pooled over benchmarks; no intervals"))
     return fig
@@ -228,7 +165,7 @@ def _time_plot(run: RunData, cost: pd.DataFrame):
     blocks = [(t, b[b.method != AR_METHOD], b[b.method == AR_METHOD]) for t, b in blocks]
     blocks = [(t, b, ar) for t, b, ar in blocks if len(b)]
     n_rows = sum(len(b) for _, b, _ in blocks)
-    fig = _figure(0.95 + 0.2 * n_rows + 0.35 * len(blocks))
+    fig = new_figure(0.95 + 0.2 * n_rows + 0.35 * len(blocks))
     grid = fig.add_gridspec(len(blocks), 2, width_ratios=[3.3, 1], height_ratios=[len(b) + 1.2 for _, b, _ in blocks])
     handles: dict[str, Any] = {}
     # One ms/token scale for every temperature, so panels compare; 'other' on each panel's own.
@@ -290,7 +227,7 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
     if not keys:
         return None
     temps = run.temperatures
-    fig = _figure(0.5 + 1.5 * 2, max(COLUMN_WIDTH_IN, 1.7 * len(keys)))
+    fig = new_figure(0.5 + 1.5 * 2, max(COLUMN_WIDTH_IN, 1.7 * len(keys)))
     axes = fig.subplots(2, len(keys), squeeze=False)
     handles: dict[str, Any] = {}
     by_name = {(r.name, r.temperature): r for r in run.rows}
@@ -340,7 +277,7 @@ def _ablation_plot(run: RunData, cells: dict[Row, dict[str, Cell]]):
                 ax.set_ylabel("Mean speedup (×)" if metric == "speedup" else "Mean τ")
     axes[0][0].set_title(f"{display_label(ab.get('method', ''))}: {', '.join(keys)}", loc="left")
     if len(handles) > 1 or len(temps) > 1:
-        _legend_above(fig, list(handles.values()), list(handles))
+        legend_above(fig, list(handles.values()), list(handles))
     answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
     caption(fig, run_caption(run, answers, "cell", f"points: Mean over benchmarks; whiskers: {INTERVAL}"),
             max(COLUMN_WIDTH_IN, 1.7 * len(keys)))
@@ -355,7 +292,7 @@ def write_plots(stats: RunStats) -> list[Path]:
         raise SpecbenchError(f"{run.path} holds AR records only: nothing to plot")
     out = run.path / "plots"
     paths: list[Path] = []
-    with _agg():
+    with agg_context():
         figures = [("speedup", _bars(run, stats.cells, "speedup", "Speedup over AR (×)")),
                    ("tau", _bars(run, stats.cells, "tau", "τ (tokens per verify step)")),
                    ("depth", _depth_plot(run, stats.curves)), ("time", _time_plot(run, stats.cost))]
@@ -371,7 +308,7 @@ def write_plots(stats: RunStats) -> list[Path]:
                                                 cat.titles)))
         for name, fig in figures:
             if fig is not None:
-                paths += _save(fig, out, name)
+                paths += save_figure(fig, out, name)
     return paths
 
 
@@ -390,8 +327,8 @@ def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, n
     wide = len(labels) > 8
     if "rank" in frame:  # legend in the methods' declared table order, not order of first appearance
         frame = frame.sort_values(["rank", "order"], kind="stable")
-    with _agg():
-        fig = _figure(1.5 + 1.4 * len(panels), COLUMN_WIDTH_IN * (2 if wide else 1))
+    with agg_context():
+        fig = new_figure(1.5 + 1.4 * len(panels), COLUMN_WIDTH_IN * (2 if wide else 1))
         axes = np.atleast_1d(fig.subplots(len(panels), 1, sharex=True))
         handles, names = [], []
         for ax, (q, title) in zip(axes, panels):
@@ -412,24 +349,16 @@ def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, n
         axes[-1].set_xticks(np.arange(len(labels)), labels, rotation=45 if len(labels) > 4 else 0,
                             ha="right" if len(labels) > 4 else "center", rotation_mode="anchor")
         axes[-1].set_xlabel("Commit, oldest first (* = uncommitted changes)")
-        _legend_above(fig, handles, names)
+        legend_above(fig, handles, names)
         ring = (f"ringed: moved more than {100 * tolerance:g}% from the method's previous commit; "
                 if tolerance is not None else "ringed: moved beyond the tolerance from the method's previous commit; ")
         caption(fig, (f"{setting} · " if setting else "") + "from results/history.jsonl (`compare --record`, "
                 "scripts/backfill_history.py); " + ring + "no intervals (greedy τ is deterministic on CPU)",
                 COLUMN_WIDTH_IN * (2 if wide else 1))
-        return _save(fig, Path(out), name)
+        return save_figure(fig, Path(out), name)
 
 
 # ----------------------------------------------------------------------------- training
-
-def _shade(color: str, i: int, n: int) -> str:
-    """`color` lightened towards white for the i-th of n series: the nearest depth is the darkest."""
-    from matplotlib.colors import to_hex, to_rgb
-
-    mix = 0.7 * i / max(1, n - 1)
-    return to_hex([c + (1.0 - c) * mix for c in to_rgb(color)])
-
 
 def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-curves") -> list[Path]:
     """Held-out top-1 against optimiser step (from `training_curves.read_curves`): one panel per
@@ -438,8 +367,8 @@ def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-c
     from matplotlib.lines import Line2D
 
     methods = sorted(dict.fromkeys(frame["method"]), key=lambda m: method_info(m).order)
-    with _agg():
-        fig = _figure(0.45 + 1.35 * len(methods))
+    with agg_context():
+        fig = new_figure(0.45 + 1.35 * len(methods))
         axes = fig.subplots(len(methods), 1, squeeze=False, sharex=True)[:, 0]
         for ax, method in zip(axes, methods):
             g = frame[frame["method"] == method]
@@ -449,10 +378,10 @@ def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-c
                 for i, metric in enumerate(metrics):
                     m = g[(g["checkpoint"] == ckpt) & (g["metric"] == metric)]
                     if len(m):
-                        ax.plot(m["step"], m["top1"], color=_shade(method_color(method), i, len(metrics)),
+                        ax.plot(m["step"], m["top1"], color=shade(method_color(method), i, len(metrics)),
                                 linestyle=LINESTYLES[k % len(LINESTYLES)], marker="o" if k == 0 else None,
                                 markersize=2, linewidth=1.0)
-            handles = [Line2D([], [], color=_shade(method_color(method), i, len(metrics)), linewidth=1.5)
+            handles = [Line2D([], [], color=shade(method_color(method), i, len(metrics)), linewidth=1.5)
                        for i in range(len(metrics))]
             labels = list(metrics)
             if len(ckpts) > 1:
@@ -468,4 +397,4 @@ def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-c
         caption(fig, (f"Target {', '.join(targets)} · " if targets else "") + "held-out top-1: teacher-forced "
                 "agreement with the target's next tokens on the held-out split, per predicted depth; one "
                 "evaluation per point, no intervals")
-        return _save(fig, Path(out), name)
+        return save_figure(fig, Path(out), name)
