@@ -265,7 +265,7 @@ def compare(
     print_markdown(run_dir / "tables" / "main.md")
     print_written(run_dir, paths)
     if record:
-        from harness.runs.regress import HISTORY_FILE, record_history
+        from harness.runs.history import HISTORY_FILE, record_history
 
         n = record_history(run_dir, history_file or HISTORY_FILE, allow_dirty)
         console.print(f"history: {n} cells appended to {history_file or HISTORY_FILE}")
@@ -429,7 +429,7 @@ def history(
     from rich.table import Table
 
     from harness.report.plots import plot_history
-    from harness.runs.regress import HISTORY_FILE, history_frame, history_moves
+    from harness.runs.history import HISTORY_FILE, history_frame, history_moves
 
     file = history_file or HISTORY_FILE
     frame = history_frame(file, target, dtype, temperature, benchmark, max_new_tokens, tolerance)

@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.core.errors import SpecbenchError  # noqa: E402
-from harness.runs.regress import HISTORY_FILE, append_lines, history_lines, load_baseline  # noqa: E402
+from harness.runs.history import HISTORY_FILE, append_lines, history_lines  # noqa: E402
+from harness.runs.regress import load_baseline  # noqa: E402
 from harness.runs.run_data import load_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

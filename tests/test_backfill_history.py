@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runs import regress
+from harness.runs import history
 from tests.test_regress import edit_json
 from tests.test_report import write_run
 
@@ -152,7 +152,7 @@ def test_a_killed_backfill_resumes_without_duplicates(repo, grid, tmp_path):
     assert [c for c, _ in rerun.calls] == [shas[3]]
     unstamped = [[{k: v for k, v in x.items() if k != "recorded"} for x in xs] for xs in (lines_of(hist), lines)]
     assert unstamped[0] == unstamped[1]
-    frame = regress.history_frame(hist)
+    frame = history.history_frame(hist)
     assert list(frame.drop_duplicates("commit").commit) == [shas[2], shas[3], shas[5]]
 
 

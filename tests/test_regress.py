@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from harness.core.errors import SpecbenchError
-from harness.runs import regress
+from harness.runs import history, regress
 from tests.test_report import write_run
 
 cli = CliRunner()
@@ -18,7 +18,7 @@ cli = CliRunner()
 @pytest.fixture(autouse=True)
 def real_history_untouched():
     """No test may append to the committed results/history.jsonl."""
-    path = regress.HISTORY_FILE
+    path = history.HISTORY_FILE
     before = path.read_bytes() if path.exists() else None
     yield
     assert (path.read_bytes() if path.exists() else None) == before
@@ -264,14 +264,14 @@ def test_reference_results_come_from_a_clean_tree(run_dir, tmp_path):
     res = cli.invoke(app, ["baseline", str(run_dir), "--save", str(tmp_path / "b.json")])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "--allow-dirty" in res.output
     with pytest.raises(SpecbenchError, match="uncommitted"):
-        regress.record_history(run_dir, tmp_path / "h.jsonl")
+        history.record_history(run_dir, tmp_path / "h.jsonl")
     edit_json(run_dir / "meta.json", lambda m: m.update(dirty=False, resumed_at=[{"commit": "x", "dirty": True}]))
     assert cli.invoke(app, ["baseline", str(run_dir), "--save", str(tmp_path / "b.json")]).exit_code == 2
     res = cli.invoke(app, ["baseline", str(run_dir), "--save", str(tmp_path / "b.json"), "--allow-dirty"])
     assert res.exit_code == 0, res.output
     source = json.loads((tmp_path / "b.json").read_text())["source"]["run_dir"]
     assert source == "<outside the repository>/" + "/".join(run_dir.parts[-2:])
-    inside = regress.REPO_ROOT / "results" / "runs" / "x"
+    inside = history.REPO_ROOT / "results" / "runs" / "x"
     from harness.core.paths import repo_relative
     assert repo_relative(inside) == "results/runs/x"
 
@@ -291,7 +291,7 @@ def test_history_records_and_plots(tmp_path):
     for i, commit in enumerate(("aaa1111", "bbb2222", "ccc3333")):
         run = write_run(tmp_path / f"r{i}", methods=("pld", "eagle"), seed=i)
         edit_json(run / "meta.json", lambda m: m.update(commit=commit, date=f"2026-01-0{i + 1}T00:00:00+00:00"))
-        assert regress.record_history(run, hist) == 4
+        assert history.record_history(run, hist) == 4
     lines = [json.loads(x) for x in hist.read_text().splitlines()]
     assert len(lines) == 12
     assert set(lines[0]) >= {"commit", "date", "run_config_hash", "config_hash", "tau", "speedup", "method",
@@ -300,7 +300,7 @@ def test_history_records_and_plots(tmp_path):
     assert [x["depth1"] for x in lines[8:]] == [cells[x["method"], x["benchmark"]]["per_depth"][0] for x in lines[8:]]
     cpu = json.loads((tmp_path / "r0" / "meta.json").read_text()).get("cpu_model") or "unknown CPU"
     assert lines[0]["cpu_kind"] == f"{cpu} (AVX-512, no bf16 kernels)"  # the run's flags: write_run's
-    frame = regress.history_frame(hist)
+    frame = history.history_frame(hist)
     assert list(frame.drop_duplicates("commit").commit) == ["aaa1111", "bbb2222", "ccc3333"]
     assert set(frame.method) == {"pld", "eagle"}
     res = cli.invoke(app, ["history", "--file", str(hist), "--out", str(tmp_path / "plots")])
@@ -329,14 +329,14 @@ def test_history_marks_the_commits_where_a_method_moved(tmp_path):
         history_line("c4", 4, "pld", 9.0, 0.9, max_new_tokens=128),               # another grid
     ]
     hist.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    frame = regress.history_frame(hist, max_new_tokens=32)
+    frame = history.history_frame(hist, max_new_tokens=32)
     assert list(frame.drop_duplicates("commit").commit) == ["c1", "c2", "c4"]
     moved = frame[frame.tau_moved | frame.depth1_moved][["commit", "method", "tau_moved", "depth1_moved"]]
     assert moved.values.tolist() == [["c4", "pld", True, False], ["c4", "eagle", False, True]]  # table order
-    eagle, pld = (regress.row_label(m, "greedy", False) for m in ("eagle", "pld"))  # as tables name them
-    assert regress.history_moves(frame) == [f"c4 {pld}: τ 1.5100 -> 1.2000 (-20.5%)",
+    eagle, pld = (history.row_label(m, "greedy", False) for m in ("eagle", "pld"))  # as tables name them
+    assert history.history_moves(frame) == [f"c4 {pld}: τ 1.5100 -> 1.2000 (-20.5%)",
                                             f"c4 {eagle}: depth 1 0.600 -> 0.660 (+10.0%)"]
-    assert not regress.history_frame(hist, max_new_tokens=32, tolerance=0.25).tau_moved.any()
+    assert not history.history_frame(hist, max_new_tokens=32, tolerance=0.25).tau_moved.any()
     res = cli.invoke(app, ["history", "--file", str(hist), "--max-new-tokens", "32", "--out", str(tmp_path / "p")])
     assert res.exit_code == 0, res.output
     assert f"c4 {pld}: τ 1.5100 -> 1.2000 (-20.5%)" in res.output and "*1.2000 (0.300)" in res.output
@@ -345,4 +345,4 @@ def test_history_marks_the_commits_where_a_method_moved(tmp_path):
 
 def test_history_without_file_is_one_line(tmp_path):
     with pytest.raises(SpecbenchError, match="compare --record"):
-        regress.history_frame(tmp_path / "none.jsonl")
+        history.history_frame(tmp_path / "none.jsonl")

@@ -317,7 +317,7 @@ def write_plots(stats: RunStats) -> list[Path]:
 def plot_history(frame: pd.DataFrame, out: Path, benchmark: str | None = None, name: str = "history",
                  setting: str = "", tolerance: float | None = None) -> list[Path]:
     """τ (top) and depth-1 acceptance (bottom) per commit, one line per (method, acceptance), from
-    `regress.history_frame`; a point whose value moved beyond the tolerance from the method's
+    `history.history_frame`; a point whose value moved beyond the tolerance from the method's
     previous commit (`tau_moved` / `depth1_moved`) is ringed. `setting` (target, dtype) leads
     the caption when the caller knows it."""
     commits = frame.drop_duplicates("commit").sort_values("order")
