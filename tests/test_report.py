@@ -367,7 +367,7 @@ def test_plots_written(run_dir):
 def drawn(monkeypatch):
     """The figures write_plots draws, by name, instead of files."""
     figures = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, out, name: figures.setdefault(name, fig) and [])
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, name: figures.setdefault(name, fig) and [])
     return figures
 
 
