@@ -30,12 +30,25 @@ def one_line_error(result, *needles: str) -> None:
     (["--method", "pld", "--max-new-tokens", "0"], ["--max-new-tokens must be >= 1"]),
     (["--method", "pld", "--acceptance", "typical"], ["needs --temperature > 0"]),
     (["--method", "pld", "--temperature", "0.7", "--acceptance", "greedy"], ["--acceptance greedy"]),
+    (["-m", "pld", "-t", "0.7", "--acceptance", "greedy"], ["--acceptance greedy"]),  # -t as compare takes it
+    (["-m", "pld", "-t", "-1"], ["--temperature must be >= 0"]),
     (["--method", "pld", "--set", "max_drafts=3"], ["no config key 'max_drafts'", "max_draft"]),
     (["--method", "pld", "--limit", "0"], ["--limit must be >= 1"]),
     (["--method", "pld", "--checkpoint", "x"], ["no method of this run loads weights"]),
 ])
 def test_bad_run_options(shared_data, args, needles):
     one_line_error(run_cli("run", *args, "--data-dir", str(shared_data)), *needles)
+
+
+@pytest.mark.parametrize("args,needles", [
+    # a rule no temperature of the grid takes is refused, as `run` refuses it
+    (["compare", "-m", "pld", "-t", "0", "--acceptance", "typical"], ["needs --temperature > 0"]),
+    (["compare", "-m", "pld", "-t", "0", "--typical", "pld"], ["--typical", "needs a --temperature > 0"]),
+    (["compare", "-m", "pld,pld"], ["lists a method twice"]),
+    (["ablate", "pld", "--set", "max_draft=2,3", "--limit", "0"], ["--limit must be >= 1"]),
+])
+def test_bad_grid_options(shared_data, args, needles):
+    one_line_error(run_cli(*args, "--data-dir", str(shared_data)), *needles)
 
 
 @pytest.mark.parametrize("method", ["pld", "eagle2"])

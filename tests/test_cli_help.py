@@ -68,3 +68,18 @@ def test_help_prints_the_descriptions(name):
     for p in cmd.params:
         if is_option(p) and p.help:
             assert p.help.split()[0] in out, f"{p.opts[0]}'s help is not printed"
+
+
+def test_run_compare_and_ablate_declare_their_shared_options_once():
+    """An option the three share has one declaration: the same names and the same help in each
+    (only --temperature differs: `run` takes one value, a grid several)."""
+    cmds = {name: dict(COMMANDS)[name] for name in ("run", "compare", "ablate")}
+    seen: dict[str, tuple] = {}
+    for name, cmd in cmds.items():
+        for p in cmd.params:
+            if not is_option(p) or p.opts[0] == "--temperature":
+                continue
+            decl = (tuple(p.opts), tuple(p.secondary_opts), p.help)
+            assert seen.setdefault(p.opts[0], decl) == decl, f"{name} declares {p.opts[0]} otherwise"
+    assert {"--methods", "--benchmarks", "--set", "--limit", "--acceptance", "--out"} <= set(seen)
+    assert all("-t" in p.opts for cmd in cmds.values() for p in cmd.params if p.name == "temperature")
