@@ -1,0 +1,130 @@
+"""docs/architecture.md stays true: every `file.py:name` it names is defined in that file, every
+package folder under harness/ and methods/ is named, its layer diagram lists the layers in the
+order tests/test_layers.py enforces, and the measured length of the path of one prompt is the
+length of the numbered list it sums up."""
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.test_layers import LAYERS, RANK
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "architecture.md"
+# `harness/core/decode.py:generate`, `harness/runs/runner.py:Runner.answer`, `cli.py:compare`
+REF = re.compile(r"`((?:[\w-]+/)*[\w-]+\.py):([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)?)`")
+STEP = re.compile(r"^(\d+)\. `([^`]+)`", re.M)
+MEASURED = re.compile(r"Measured: (\d+) calls in (\d+) files \(([^)]*)\); the bracketed calls\s+add (\d+) files")
+
+
+def doc_text() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+def path_section(text: str) -> str:
+    """The section on the path of one prompt, up to the next heading."""
+    start = text.index("## One prompt")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def defines(tree: ast.Module, name: str) -> bool:
+    """Whether the module defines `name` at top level (a function or class), or `Class.method`."""
+    head, _, member = name.partition(".")
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == head:
+            if not member:
+                return True
+            return isinstance(node, ast.ClassDef) and any(
+                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == member for n in node.body)
+    return False
+
+
+def missing_refs(text: str, root: Path) -> list[str]:
+    """Every `file.py:name` of `text` whose file is not under `root` or does not define the name."""
+    out = []
+    for file, name in dict.fromkeys(REF.findall(text)):
+        path = root / file
+        if not path.is_file():
+            out.append(f"{file}:{name}: no such file")
+        elif not defines(ast.parse(path.read_text(encoding="utf-8")), name):
+            out.append(f"{file}:{name}: {file} defines no {name}")
+    return out
+
+
+def package_folders(root: Path) -> list[str]:
+    return sorted(str(p.parent.relative_to(root)) for top in ("harness", "methods")
+                  for p in (root / top).rglob("__init__.py"))
+
+
+def test_every_named_function_exists():
+    text = doc_text()
+    assert len(REF.findall(text)) >= 30, "the doc names its functions as `file.py:name`"
+    assert missing_refs(text, REPO) == []
+
+
+def test_a_renamed_function_on_the_path_is_caught(tmp_path):
+    """The check is not vacuous: rename a function and a method the path names, in a copy."""
+    for file, _ in REF.findall(doc_text()):
+        dest = tmp_path / file
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / file, dest)
+    assert missing_refs(doc_text(), tmp_path) == []
+    for file, old, new in [("harness/core/decode.py", "def speculative_step(", "def one_step("),
+                           ("harness/runs/runner.py", "    def answer(", "    def reply(")]:
+        path = tmp_path / file
+        source = path.read_text(encoding="utf-8")
+        assert old in source
+        path.write_text(source.replace(old, new), encoding="utf-8")
+    assert missing_refs(doc_text(), tmp_path) == [
+        "harness/runs/runner.py:Runner.answer: harness/runs/runner.py defines no Runner.answer",
+        "harness/core/decode.py:speculative_step: harness/core/decode.py defines no speculative_step",
+    ]
+
+
+def test_every_package_folder_is_named():
+    text = doc_text()
+    folders = package_folders(REPO)
+    assert {"harness/core", "harness/runs", "harness/report", "harness/train", "methods/common"} <= set(folders)
+    assert [f for f in folders if f + "/" not in text] == []
+
+
+def test_the_diagram_lists_the_layers_top_down():
+    """The diagram's lines for the layers of tests/test_layers.py, read down, never go up a layer."""
+    block = doc_text().split("```")[1].splitlines()
+    found = []
+    for name, prefix in LAYERS:
+        label = prefix.replace(".", "/") + ("/" if name not in ("cli",) else ".py")
+        lines = [i for i, line in enumerate(block) if line.startswith(label + " ")]
+        assert lines, f"the diagram has no line for {label}"
+        found.append((lines[0], RANK[name], label))
+    ranks = [rank for _, rank, _ in sorted(found)]
+    assert ranks == sorted(ranks, reverse=True), sorted(found)
+
+
+def test_the_measured_path_is_the_numbered_list():
+    section = path_section(doc_text())
+    steps = STEP.findall(section)
+    assert [int(n) for n, _ in steps] == list(range(1, len(steps) + 1))
+    refs = [s for _, s in steps]
+    assert all(REF.fullmatch(f"`{r}`") for r in refs), refs
+    files = list(dict.fromkeys(r.split(":")[0] for r in refs))
+    match = MEASURED.search(section)
+    assert match, "the path section states 'Measured: N calls in M files (...); the bracketed calls add K files'"
+    calls, n_files, names, extra = int(match[1]), int(match[2]), match[3], int(match[4])
+    assert (calls, n_files) == (len(refs), len(files))
+    assert [n.strip() for n in names.split(",")] == [Path(f).name for f in files]
+    bracketed = {f for inner in re.findall(r"\[([^\]]*)\]", section) for f, _ in REF.findall(inner)}
+    assert extra == len(bracketed - set(files))
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("`harness/core/decode.py:no_such_function`", "defines no no_such_function"),
+    ("`harness/runs/runner.py:Runner.no_such_method`", "defines no Runner.no_such_method"),
+    ("`harness/core/no_such_module.py:generate`", "no such file"),
+])
+def test_a_wrong_reference_is_reported(text, needle):
+    assert any(needle in m for m in missing_refs(text, REPO))
