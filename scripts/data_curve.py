@@ -88,7 +88,7 @@ def decode_point(method: str, share: float, checkpoint: Path, args) -> Path:
     """Run (or resume) the decoding run of one point; returns its run folder."""
     folder = args.out / "runs" / point_name(method, share)
     cmd = [sys.executable, str(REPO / "cli.py"), "run", "--method", DECODED_AS.get(method, method),
-           "--checkpoint", str(checkpoint), "--benchmark", args.benchmark, "--limit", str(args.limit),
+           "--checkpoint", repo_path(checkpoint), "--benchmark", args.benchmark, "--limit", str(args.limit),
            "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--tree-budget", args.tree_budget,
            "--target", args.target, "--out", str(folder)]
     if args.data_dir:

@@ -53,8 +53,11 @@ def curve_plot(frame: pd.DataFrame, path: Path, caption: str) -> None:
             f"{info.display_name} weights as {method_info(part['decoded_as'].iloc[0]).display_name}"
         for ax, column in zip(axes, ["held_out_top1", "tau"]):
             ax.plot(part["train_tokens"], part[column], marker="o", color=info.color, label=label)
+    ticks = sorted(frame["train_tokens"].unique())
     for ax, title in zip(axes, ["held-out top-1 (next token)", "τ (tokens per verify step)"]):
         ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t / 1000:,.0f} k" for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("training answer tokens")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
