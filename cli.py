@@ -640,6 +640,9 @@ def train(
         help="warm-start from this finished checkpoint (same architecture): a new schedule cycle, its steps counted "
              "in the total")] = None,
     shards: ShardsOpt = None,
+    train_share: Annotated[float, typer.Option(
+        help="train on this share of the training conversations (nested; the held-out set stays whole): "
+             "the data curve")] = 1.0,
     threads: ThreadsOpt = 0,
 ):
     """Train a drafter on the shared distilled data (the target's features are extracted at --dtype and
@@ -655,10 +658,12 @@ def train(
         raise SpecbenchError(f"method '{method}' is training-free: there is nothing to train")
     overrides = parse_settings(set_)
     cls.resolve_config(overrides)  # unknown keys fail before the target loads
+    if not 0.0 < train_share <= 1.0:
+        raise SpecbenchError(f"--train-share must be in (0, 1], got {train_share}")
     tgt = Target.load(target, device, dtype)
     result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
-                          init_from=init_from, console=err, shards=shards)
+                          init_from=init_from, console=err, shards=shards, train_share=train_share)
     console.print_json(data=result)
 
 
