@@ -17,7 +17,7 @@ from harness.runs import compare
 from harness.runs.config import RunConfig
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = sorted(p.parent for p in (REPO / "results").rglob("meta.json"))
+FOLDERS = sorted(p.parent for p in (REPO / "results").rglob("records.jsonl"))  # run folders
 
 
 class Handed(Exception):
