@@ -649,6 +649,7 @@ def train(
     cached first). Resumes."""
     from harness.core.target import Target
     from harness.runs.settings import parse_settings
+    from harness.train.data import check_train_share
     from harness.train.pipeline import train_method
     from methods.registry import get_method
 
@@ -658,8 +659,7 @@ def train(
         raise SpecbenchError(f"method '{method}' is training-free: there is nothing to train")
     overrides = parse_settings(set_)
     cls.resolve_config(overrides)  # unknown keys fail before the target loads
-    if not 0.0 < train_share <= 1.0:
-        raise SpecbenchError(f"--train-share must be in (0, 1], got {train_share}")
+    check_train_share(train_share)  # before the target loads
     tgt = Target.load(target, device, dtype)
     result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,

@@ -52,20 +52,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def method_settings(pairs: list[str], method: str) -> dict[str, object]:
-    """The `method.key=value` pairs that name `method`, as {key: JSON value}."""
-    out = {}
-    for pair in pairs:
-        key, _, raw = pair.partition("=")
-        name, _, k = key.partition(".")
-        if name == method:
-            try:
-                out[k] = json.loads(raw)
-            except json.JSONDecodeError:
-                out[k] = raw
-    return out
-
-
 def point_name(method: str, share: float) -> str:
     return f"{method}-share{share:g}"
 
@@ -78,7 +64,11 @@ def train_point(target, method: str, share: float, args, console) -> Path:
     if (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("training", {}).get(
             "steps") == round(args.steps * share):
         return out
-    train_method(target, method, method_settings(args.set, method), steps=round(args.steps * share), out=out,
+    from harness.runs.settings import method_overrides, parse_settings
+    from methods.registry import get_method
+
+    overrides = method_overrides(get_method(method), parse_settings(args.set), [method])
+    train_method(target, method, overrides, steps=round(args.steps * share), out=out,
                  console=console, train_share=share, data=[REPO / "datasets" / "distill" / target.name,
                                                           REPO / "datasets" / "distill" / f"{target.name}-followups"])
     return out

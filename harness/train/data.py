@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.core.errors import SpecbenchError
+
 
 @dataclass
 class DistillBatch:
@@ -53,6 +55,12 @@ def opening_hash(ids: torch.Tensor, salt: bytes = b"") -> float:
 def is_held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
     """Whether a conversation (its ids [n]) falls in the held-out `share`, by a hash of its opening."""
     return opening_hash(ids) < share
+
+
+def check_train_share(share: float) -> None:
+    """A train share is in (0, 1]; anything else is one clear error."""
+    if not 0.0 < share <= 1.0:
+        raise SpecbenchError(f"--train-share must be in (0, 1], got {share}")
 
 
 def in_train_share(ids: torch.Tensor, share: float) -> bool:

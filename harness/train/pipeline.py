@@ -28,6 +28,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     trains on that share of the training conversations (held-out unchanged): the data curve."""
     from harness.core.paths import REPO_ROOT, repo_relative
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter
+    from harness.train.data import check_train_share
     from harness.train.trainer import TrainConfig, Trainer
     from methods.registry import get_method
 
@@ -39,8 +40,7 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
         raise SpecbenchError(f"method '{method}' uses the weights of '{cls.weights_from}': train that one")
     config = cls.resolve_config(overrides)
     drafter = cls(target, overrides)
-    if not 0.0 < train_share <= 1.0:
-        raise SpecbenchError(f"train share must be in (0, 1], got {train_share}")
+    check_train_share(train_share)
     dataset = load_dataset(target, data, prompts, console, shards, drafter.target_layers() or None, train_share)
     if drafter.draft_vocab_size:
         from harness.train.data import frequent_answer_tokens
