@@ -61,8 +61,8 @@ def train_point(target, method: str, share: float, args, console) -> Path:
     from harness.train.pipeline import train_method
 
     out = args.checkpoints / point_name(method, share)
-    if (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("training", {}).get(
-            "steps") == round(args.steps * share):
+    done = (out / "config.json").exists() and (out / "model.safetensors").exists()  # a copied config alone is not a point
+    if done and json.loads((out / "config.json").read_text()).get("training", {}).get("steps") == round(args.steps * share):
         return out
     from harness.runs.settings import method_overrides, parse_settings
     from methods.registry import get_method
@@ -78,7 +78,7 @@ def decode_point(method: str, share: float, checkpoint: Path, args) -> Path:
     """Run (or resume) the decoding run of one point; returns its run folder."""
     folder = args.out / "runs" / point_name(method, share)
     cmd = [sys.executable, str(REPO / "cli.py"), "run", "--method", DECODED_AS.get(method, method),
-           "--checkpoint", repo_path(checkpoint), "--benchmark", args.benchmark, "--limit", str(args.limit),
+           "--checkpoint", decode_path(checkpoint), "--benchmark", args.benchmark, "--limit", str(args.limit),
            "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--tree-budget", args.tree_budget,
            "--target", args.target, "--out", str(folder)]
     if args.data_dir:
@@ -101,6 +101,12 @@ def point_row(method: str, share: float, checkpoint: Path, run: Path) -> dict[st
             "held_out_top1": evals[-1]["val_acc"] if evals else None,
             "held_out_top1_step2": evals[-1].get("val_acc2") if evals else None, "tau": float(cell["tau"]), "answers": int(cell["answers"]),
             "mismatches": int(cell["mismatches"]), "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
+
+
+def decode_path(path: Path) -> str:
+    """A checkpoint as `cli.py run` (run from the repo) finds it: repo-relative inside it, absolute outside."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def repo_path(path: Path) -> str:
