@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 # The official EAGLE-3 tree (`EaModel.from_pretrained` defaults): top-k 10, depth 7, 60 tokens.
 PAPER_PRESET = {"top_k": 10, "depth": 7, "total_tokens": 60}
+LAYER_NAMES = ("low", "mid", "high")  # the three captures, in eagle3_layers' order
 TTT_DECAY = 0.8  # weight of unrolled step s is 0.8^s (traineagle3/main.py)
 
 
@@ -78,12 +79,13 @@ class Eagle3(EagleCore):
     input_noise = False  # the official trainer adds no feature noise (and `features` is not read here)
     defaults: dict[str, Any] = {
         # draft_vocab: ids of the draft's own head (0 or >= the target's vocab: all of them, no d2t/t2d).
-        "layer_config": None, "draft_vocab": 8192, "ttt_steps": 7, "weights": "native",
+        # fuse_layers: which captures fc fuses (an ablation of the fusion: "high" reads one layer).
+        "layer_config": None, "draft_vocab": 8192, "ttt_steps": 7, "fuse_layers": "low,mid,high", "weights": "native",
         # As EAGLE-2 (the tree sized per step from this machine's verify cost curve), one level deeper.
         "top_k": 8, "depth": 6, "total_tokens": "auto",
         "preset": "default",
     }
-    arch_keys = ("layer_config", "draft_vocab", "ttt_steps")
+    arch_keys = ("layer_config", "draft_vocab", "ttt_steps", "fuse_layers")
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +96,11 @@ class Eagle3(EagleCore):
             raise unknown("eagle3 preset", str(cfg["preset"]), ["default", "paper"])
         if int(cfg["ttt_steps"]) < 1:
             raise SpecbenchError(f"eagle3: ttt_steps must be >= 1, got {cfg['ttt_steps']}")
+        names = [x.strip() for x in str(cfg["fuse_layers"]).split(",") if x.strip()]
+        if not names or len(set(names)) < len(names) or not set(names) <= set(LAYER_NAMES):
+            raise SpecbenchError(f"eagle3: fuse_layers takes distinct names from {', '.join(LAYER_NAMES)} "
+                                 f"(comma-separated), got '{cfg['fuse_layers']}'")
+        cfg["fuse_layers"] = ",".join(n for n in LAYER_NAMES if n in names)
         return cfg
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -103,13 +110,18 @@ class Eagle3(EagleCore):
                                  f"'{target.name}' has {target.num_layers} layers: it needs at least 7")
         super().__init__(target, config)
 
+    def target_layers(self) -> list[int]:
+        """The captures `fuse_layers` names (all three by default), in eagle3_layers' order."""
+        names = self.config["fuse_layers"].split(",")
+        return [i for n, i in zip(LAYER_NAMES, eagle3_layers(self.target.num_layers)) if n in names]
+
     def uses_target_head(self) -> bool:
         return False  # its own lm_head over the draft vocab
 
     def build_draft_model(self) -> None:
         t = self.target
         h = t.hidden_size
-        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.fc = nn.Linear(len(self.target_layers()) * h, h, bias=False)
         parts = DecoderStack(t.config, 1, final_norm=True, overrides=self.config["layer_config"])
         if not parts.fast_decode_supported:
             raise SpecbenchError(f"eagle3 runs its layer as a Llama/Qwen2/Mistral-style layer; target "
@@ -165,7 +177,7 @@ class Eagle3(EagleCore):
         return self.dynamic_tree(ctx)
 
     def committed_features(self, source: TargetOutput | Acceptance) -> torch.Tensor:
-        """fc(inputs of the low, middle and high target layers) [n, H] at committed positions."""
+        """fc(inputs of the fused target layers: low, middle and high) [n, H] at committed positions."""
         if not source.layers:
             raise SpecbenchError("eagle3 needs the inputs of the target's layers "
                                  f"{self.target_layers()}: run it through harness.core.decode, which passes them")

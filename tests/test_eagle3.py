@@ -318,6 +318,24 @@ def test_greedy_equals_ar_random_init(target7, cfg):
         assert generate(target7, p, GenerationConfig(32), d).output_ids == ar
 
 
+def test_fusing_one_layer_reads_trains_and_decodes_exactly(target7, tmp_path):
+    """fuse_layers=high (the fusion ablation): the drafter asks for layer L-3's input alone, fc is
+    H -> H, it trains on one layer's features, and its drafts keep the output AR's token for token;
+    the key survives a checkpoint round trip, and a bad name is refused."""
+    torch.manual_seed(2)
+    d = Eagle3(target7, {"fuse_layers": "high", "ttt_steps": 2, "total_tokens": 16})
+    assert d.target_layers() == [4] and d.fc.in_features == target7.hidden_size
+    assert Eagle3(target7, {"fuse_layers": "high,low"}).target_layers() == [2, 4]
+    train_quickly(d, eagle3_dataset(target7, d.target_layers()), tmp_path / "train", steps=80, lr=1e-2)
+    d.save_pretrained(tmp_path / "ck")
+    back = Eagle3.from_pretrained(tmp_path / "ck", target7, {"total_tokens": 16})
+    assert back.config["fuse_layers"] == "high" and back.fc.in_features == target7.hidden_size
+    assert_greedy_exact(target7, back, seed=41)
+    from harness.core.errors import SpecbenchError
+    with pytest.raises(SpecbenchError, match="fuse_layers"):
+        Eagle3(target7, {"fuse_layers": "top"})
+
+
 def test_greedy_equals_ar_after_brief_training(target7, trained_eagle3):
     """Trained a little, the drafts are accepted on >= 30% of steps, so the accepted-path commit of
     the draft cache is exercised; the output is still AR's token for token."""
