@@ -39,17 +39,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=1500, help="optimiser steps at share 1 (scaled by the share)")
     ap.add_argument("--set", action="append", default=[], help="method.key=value for training (architecture keys)")
     ap.add_argument("--reuse", action="append", default=[], help="method@share=checkpoint folder to use as that point")
+    add_point_args(ap, "data-curve")
+    return ap.parse_args(argv)
+
+
+def add_point_args(ap: argparse.ArgumentParser, name: str) -> None:
+    """The options every trained-and-decoded point shares: the decoding run's settings and where
+    checkpoints (checkpoints/experiments/<target>/<name>) and results (results/reference/...) go."""
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--benchmark", default="mt_bench")
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree-budget", default="24")
     ap.add_argument("--dtype", default="float32", help="dtype of the decoding runs (training uses the features' dtype)")
-    ap.add_argument("--checkpoints", type=Path, default=REPO / "checkpoints" / "experiments" / "smollm2-135m" / "data-curve")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "reference" / "smollm2-135m" / "data-curve")
+    ap.add_argument("--checkpoints", type=Path, default=REPO / "checkpoints" / "experiments" / "smollm2-135m" / name)
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "reference" / "smollm2-135m" / name)
     ap.add_argument("--data-dir", default=None, help="benchmark prompts (default $SPECBENCH_DATA / ../shared/data)")
     ap.add_argument("--report-only", action="store_true", help="rebuild table and plot from what exists")
-    return ap.parse_args(argv)
 
 
 def point_name(method: str, share: float) -> str:
@@ -58,26 +64,36 @@ def point_name(method: str, share: float) -> str:
 
 def train_point(target, method: str, share: float, args, console) -> Path:
     """Train (or resume) one point; returns its checkpoint folder."""
-    from harness.train.pipeline import train_method
-
-    out = args.checkpoints / point_name(method, share)
-    done = (out / "config.json").exists() and (out / "model.safetensors").exists()  # a copied config alone is not a point
-    if done and json.loads((out / "config.json").read_text()).get("training", {}).get("steps") == round(args.steps * share):
-        return out
     from harness.runs.settings import method_overrides, parse_settings
     from methods.registry import get_method
 
     overrides = method_overrides(get_method(method), parse_settings(args.set), [method])
-    train_method(target, method, overrides, steps=round(args.steps * share), out=out,
-                 console=console, train_share=share, data=[REPO / "datasets" / "distill" / target.name,
-                                                          REPO / "datasets" / "distill" / f"{target.name}-followups"])
+    return train_checkpoint(target, method, overrides, share, round(args.steps * share),
+                            args.checkpoints / point_name(method, share), console)
+
+
+def train_checkpoint(target, method: str, overrides: dict, share: float, steps: int, out: Path, console) -> Path:
+    """Train `method` with `overrides` for `steps` on share `share` of the training conversations
+    into `out`, or resume it there; a folder with its weights and those steps is kept as it is."""
+    from harness.train.pipeline import train_method
+
+    done = (out / "config.json").exists() and (out / "model.safetensors").exists()  # a copied config alone is not a point
+    if done and json.loads((out / "config.json").read_text()).get("training", {}).get("steps") == steps:
+        return out
+    train_method(target, method, overrides, steps=steps, out=out, console=console, train_share=share,
+                 data=[REPO / "datasets" / "distill" / target.name, REPO / "datasets" / "distill" / f"{target.name}-followups"])
     return out
 
 
 def decode_point(method: str, share: float, checkpoint: Path, args) -> Path:
     """Run (or resume) the decoding run of one point; returns its run folder."""
-    folder = args.out / "runs" / point_name(method, share)
-    cmd = [sys.executable, str(REPO / "cli.py"), "run", "--method", DECODED_AS.get(method, method),
+    return decode_run(DECODED_AS.get(method, method), checkpoint, args.out / "runs" / point_name(method, share), args)
+
+
+def decode_run(method: str, checkpoint: Path, folder: Path, args) -> Path:
+    """`cli.py run` of `method` with `checkpoint` into `folder` (resumes): args' benchmark, limit,
+    tokens, dtype, tree budget, target and data dir."""
+    cmd = [sys.executable, str(REPO / "cli.py"), "run", "--method", method,
            "--checkpoint", decode_path(checkpoint), "--benchmark", args.benchmark, "--limit", str(args.limit),
            "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--tree-budget", args.tree_budget,
            "--target", args.target, "--out", str(folder)]
@@ -150,9 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_script(main) -> None:
+    """Exit with main()'s code; a SpecbenchError (bad input) is one line and exit code 2."""
     try:
         sys.exit(main())
     except SpecbenchError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    run_script(main)

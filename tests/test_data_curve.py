@@ -83,3 +83,29 @@ def test_curve_table_and_plot(tmp_path: Path) -> None:
     assert meta["settings"]["steps"] == 1500 and "cpu_kind" in meta["machine"]
     with pytest.raises(KeyError):
         meta["settings"]["out"]
+
+
+def test_dataset_keeps_its_own_copies_and_reads_a_generator() -> None:
+    """Shards given one at a time (a generator) split as a list does, and no kept conversation
+    holds a view of its shard: what a share leaves out is freed with the shard."""
+    shards = [synthetic_shard(60, layers=(2, 5), seed=s) for s in (1, 2)]
+    as_list = FeatureDataset(shards, layers=[2, 5], train_share=0.5)
+    as_gen = FeatureDataset(iter(shards), layers=[2, 5], train_share=0.5)
+    assert [opening(s) for s in as_list.train] == [opening(s) for s in as_gen.train]
+    assert [opening(s) for s in as_list.valid] == [opening(s) for s in as_gen.valid]
+    first = as_list.train[0]
+    n = len(first.ids)
+    assert first.layers.shape == (n, 16)  # layer 2 then layer 5, side by side
+    shard_ptrs = {t.untyped_storage().data_ptr() for sh in shards for t in sh.values()}
+    for seq in as_list.train + as_list.valid:
+        assert seq.hidden.untyped_storage().data_ptr() not in shard_ptrs
+        assert seq.layers.untyped_storage().data_ptr() not in shard_ptrs
+    row = next(i for i in range(60) if opening_of(shards[0], i) == opening(first))
+    a = int(shards[0]["offsets"][row])
+    assert torch.equal(first.layers[:, 8:], shards[0]["layer_5"][a : a + n])
+    assert torch.equal(first.hidden, shards[0]["hidden"][a : a + n])
+
+
+def opening_of(shard: dict, i: int) -> tuple[int, ...]:
+    a = int(shard["offsets"][i])
+    return tuple(shard["input_ids"][a : a + 8].long().tolist())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -71,27 +72,29 @@ def in_train_share(ids: torch.Tensor, share: float) -> bool:
 
 
 class FeatureDataset:
-    """All feature shards in memory (1 M tokens x 576 x bf16 is ~1.2 GB), split train/held-out by a
-    hash of each conversation's opening tokens (stable across machines and shard orders)."""
+    """Feature shards in memory (1 M tokens x 576 x bf16 is ~1.2 GB per layer), split train/held-out
+    by a hash of each conversation's opening tokens (stable across machines and shard orders)."""
 
-    def __init__(self, shards: list[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE,
+    def __init__(self, shards: Iterable[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE,
                  layers: list[int] | None = None, train_share: float = 1.0) -> None:
         """`layers`: also keep these extra layers' inputs (shard keys `layer_<i>`, see features.py);
         `train_share`: train on this share of the training conversations (the data curve); the
-        held-out set is the same whatever the share."""
+        held-out set is the same whatever the share. Each kept conversation gets its own copy, so
+        a shard (and what a share leaves out) is freed as soon as the next one is read: give a
+        generator of shards to hold one at a time."""
         self.train: list[Sequence] = []
         self.valid: list[Sequence] = []
         for shard in shards:
             off = shard["offsets"].tolist()
-            extra = torch.cat([shard[f"layer_{i}"] for i in layers], dim=-1) if layers else None
             for i in range(len(off) - 1):
-                ids = shard["input_ids"][off[i] : off[i + 1]].long()
-                seq = Sequence(ids, shard["hidden"][off[i] : off[i + 1]], int(shard["prompt_len"][i]),
-                               None if extra is None else extra[off[i] : off[i + 1]])
-                if is_held_out(i, ids, holdout):
-                    self.valid.append(seq)
-                elif in_train_share(ids, train_share):
-                    self.train.append(seq)
+                a, b = off[i], off[i + 1]
+                ids = shard["input_ids"][a:b].long()
+                held_out = is_held_out(i, ids, holdout)
+                if not held_out and not in_train_share(ids, train_share):
+                    continue
+                extra = torch.cat([shard[f"layer_{j}"][a:b] for j in layers], dim=-1) if layers else None
+                seq = Sequence(ids, shard["hidden"][a:b].clone(), int(shard["prompt_len"][i]), extra)
+                (self.valid if held_out else self.train).append(seq)
 
     @property
     def train_tokens(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -128,12 +129,16 @@ def load_feature_shards(folder: Path, shards: int | None = None,
                         layers: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
     """The first `shards` feature shards (all when None), in distill-shard order, with the extra
     `layers` asked for and no others (a folder may hold more: see `covering_dir`)."""
+    return list(iter_feature_shards(folder, shards, layers))
+
+
+def iter_feature_shards(folder: Path, shards: int | None = None,
+                        layers: list[int] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """`load_feature_shards` one shard at a time (so a reader holds one in memory)."""
     files = sorted(folder.glob("shard-*.safetensors"))[:shards]
     if not files:
         raise SpecbenchError(f"no feature shards in {folder}: run `cli.py train` (it extracts them) or check --data")
     keys = ["input_ids", "offsets", "prompt_len", "hidden", *(f"layer_{i}" for i in layers or [])]
-    out = []
     for f in files:
         with safe_open(str(f), framework="pt") as shard:
-            out.append({k: shard.get_tensor(k) for k in keys})
-    return out
+            yield {k: shard.get_tensor(k) for k in keys}

@@ -79,14 +79,15 @@ def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT
     The split hashes a conversation's opening, so a follow-up conversation lands on the same side
     as its first turn. `train_share`: keep that share of the training conversations."""
     from harness.train.data import FeatureDataset
-    from harness.train.features import extract_features, load_feature_shards
+    from harness.train.features import extract_features, iter_feature_shards
 
-    loaded = []
     with Progress(console=console or Console(stderr=True)) as progress:
-        for folder in distill_folders(target, data):
-            feats = extract_features(target, folder, prompts, progress=progress, shards=shards, layers=layers)
-            loaded += load_feature_shards(feats, shards, layers)
-    return FeatureDataset(loaded, layers=layers, train_share=train_share)
+        def every_shard():  # one shard in memory at a time beside what the dataset keeps
+            for folder in distill_folders(target, data):
+                feats = extract_features(target, folder, prompts, progress=progress, shards=shards, layers=layers)
+                yield from iter_feature_shards(feats, shards, layers)
+
+        return FeatureDataset(every_shard(), layers=layers, train_share=train_share)
 
 
 def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
