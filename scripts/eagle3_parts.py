@@ -41,6 +41,39 @@ VARIANTS: dict[str, tuple[str, dict, str, str]] = {
 DEPTHS = 3
 
 
+def draft_vocab_ids(checkpoint: Path) -> set[int] | None:
+    """The target ids a checkpoint's head can propose (EAGLE's `draft_ids`, EAGLE-3's d2t); None:
+    the whole vocabulary."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as f:
+        if "draft_ids" in f.keys():
+            return set(f.get_tensor("draft_ids").tolist())
+        if "d2t" in f.keys():
+            d2t = f.get_tensor("d2t")
+            return set((d2t + torch.arange(d2t.numel())).tolist())
+    return None
+
+
+def steps_blocked_by_vocab(records, vocab: set[int] | None) -> float:
+    """Share of verify steps whose bonus token (the target's token where the drafts stopped
+    matching) lies outside the draft vocabulary: no draft could have matched it there. That is the
+    most a full vocabulary could add: one more accepted token on each of those steps, and more
+    behind it only where the deeper drafts also match."""
+    if vocab is None:
+        return 0.0
+    blocked = total = 0
+    for r in records:
+        pos = 1 if r.first_token_from_prefill else 0
+        for accepted, tokens in zip(r.steps.accepted or [], r.steps.tokens or []):
+            pos += tokens
+            if tokens == accepted + 1:  # not cut at the token limit: the last token is the bonus
+                total += 1
+                blocked += r.output_ids[pos - 1] not in vocab
+    return blocked / total if total else float("nan")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
@@ -70,6 +103,7 @@ def variant_row(name: str, checkpoint: Path, run: Path) -> dict[str, object]:
             "held_out_top1": evals[-1]["val_acc"] if evals else None,
             "tau": float(TAU.estimate(rows)), "tau_lo": lo, "tau_hi": hi,
             **{f"depth{d}": depth_acceptance(d).of(answers) for d in range(1, DEPTHS + 1)},
+            "blocked_by_vocab": steps_blocked_by_vocab(answers, draft_vocab_ids(checkpoint)),
             "answers": len(answers), "mismatches": sum(bool(r.divergence) for r in answers),
             "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
 
@@ -81,14 +115,16 @@ def parts_markdown(rows: list[dict[str, object]], settings: dict[str, object]) -
              f"{settings['share']:g} of the training conversations; τ ({settings['benchmark']} ×{settings['limit']}, "
              f"{settings['max_new_tokens']} tokens, {settings['dtype']}, greedy, tree budget {settings['tree_budget']}) "
              f"with its 95% bootstrap interval over answers; depth d: share of verify steps accepting ≥ d drafts.", "",
+             "Blocked: share of verify steps whose bonus token lies outside the draft vocabulary (no draft "
+             "could match it; the most a full vocabulary could win back is about one token on each).", "",
              "| variant | what differs | parameters | held-out top-1 | τ [95% CI] | Δτ | depth 1 | depth 2 | "
-             "depth 3 | answers (≠ AR) |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "depth 3 | blocked | answers (≠ AR) |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         delta = "" if base is None or r["variant"] == "eagle3" else f"{r['tau'] - base:+.2f}"
         lines.append(f"| {r['variant']} | {r['differs']} | {int(r['parameters']):,} | {r['held_out_top1']:.3f} | "
                      f"{r['tau']:.2f} [{r['tau_lo']:.2f}, {r['tau_hi']:.2f}] | {delta} | {r['depth1']:.3f} | "
-                     f"{r['depth2']:.3f} | {r['depth3']:.3f} | {r['answers']} ({r['mismatches']}) |")
+                     f"{r['depth2']:.3f} | {r['depth3']:.3f} | {r['blocked_by_vocab']:.3f} | {r['answers']} ({r['mismatches']}) |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,8 +41,22 @@ def test_report_reads_the_committed_recipe_point(tmp_path: Path) -> None:
     r = pd.read_csv(tmp_path / "parts.csv").iloc[0]
     assert r.tau_lo < r.tau < r.tau_hi
     assert 1 > r.depth1 > r.depth2 > r.depth3 > 0
+    assert 0.1 < r.blocked_by_vocab < 0.3  # 0.170: about one step in six ends on a token its head lacks
 
 
 def test_unknown_variant_is_refused() -> None:
     with pytest.raises(SpecbenchError, match="no-such"):
         parts.main(["--variants", "no-such", "--report-only"])
+
+
+def test_blocked_steps_count_bonus_tokens_outside_the_vocab() -> None:
+    """Steps commit accepted drafts + the bonus token; a step cut at the token limit has no bonus.
+    Output: prefill token 5, then steps (accepted, tokens) (1, 2) -> 6 7, (0, 1) -> 9, (2, 2) -> 3 4 (cut)."""
+    from harness.runs.record import Record, Steps
+
+    rec = Record(method="eagle3", benchmark="b", question_id=1, turn=0, temperature=0.0, acceptance="greedy",
+                 seed=0, output_ids=[5, 6, 7, 9, 3, 4], first_token_from_prefill=True,
+                 steps=Steps(accepted=[1, 0, 2], tokens=[2, 1, 2]))
+    assert parts.steps_blocked_by_vocab([rec], {7, 3, 4}) == 0.5   # bonus 7 in, bonus 9 out; the cut step not counted
+    assert parts.steps_blocked_by_vocab([rec], {7, 9}) == 0.0
+    assert parts.steps_blocked_by_vocab([rec], None) == 0.0        # the whole vocabulary blocks nothing
