@@ -35,6 +35,7 @@ VARIANTS: dict[str, tuple[str, dict, str, str]] = {
     "no-fusion": ("eagle3", {"fuse_layers": "high"}, "eagle3", "fc reads layer L-3's input alone"),
     "no-ttt": ("eagle3", {"ttt_steps": 1}, "eagle3", "trained on the target's features only (1 step)"),
     "full-vocab": ("eagle3", {"draft_vocab": 0}, "eagle3", "its head covers all 49,152 ids (no d2t/t2d)"),
+    "vocab-16k": ("eagle3", {"draft_vocab": 16384}, "eagle3", "a 16,384-id draft vocabulary (twice the recipe's)"),
     "eagle2": ("eagle", {}, "eagle2", "EAGLE's draft head (last-layer feature, feature regression, "
                                       "8,192-id head) under EAGLE-2's tree"),
 }
@@ -76,7 +77,7 @@ def steps_blocked_by_vocab(records, vocab: set[int] | None) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default="eagle3,no-fusion,no-ttt,full-vocab,eagle2", help="comma-separated, of: " + ", ".join(VARIANTS))
     ap.add_argument("--share", type=float, default=0.25, help="share of the training conversations")
     ap.add_argument("--steps", type=int, default=375, help="optimiser steps of every variant")
     ap.add_argument("--reuse", action="append", default=[], help="variant=checkpoint folder to use as that variant")
