@@ -164,8 +164,7 @@ def run(
     out: RunDirOpt = None,
 ):
     """Run methods and AR on the same prompts; write records.jsonl, meta.json and summary.csv. Resumes."""
-    from harness.runs.compare import run_grid
-    from harness.runs.executor import summarize_dir
+    from harness.runs.executor import run_grid, summarize_dir
 
     cfg = run_config(ctx, methods=split_csv(method), benchmarks=benchmark, temperatures=[temperature], settings=set_,
                      tree_budget=tree_budget, ids=ids, target=target, dtype=dtype, device=device,
@@ -249,9 +248,8 @@ def compare(
     pack: PackOpt = False,
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
-    from harness.report.rebuild import write_report
-    from harness.runs.compare import run_grid
-    from harness.runs.executor import summarize_dir
+    from harness.report.run_readme import write_report
+    from harness.runs.executor import run_grid, summarize_dir
 
     cfg = run_config(ctx, methods=split_csv(methods) if methods else None, benchmarks=benchmarks,
                      temperatures=temperature, settings=set_, tree_budget=tree_budget, preset=preset, target=target,
@@ -301,14 +299,16 @@ def ablate(
     pack: PackOpt = False,
 ):
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
-    from harness.report.rebuild import write_report
-    from harness.runs.compare import run_ablation
+    from harness.report.run_readme import write_report
+    from harness.runs.compare import ablation_grid
+    from harness.runs.executor import run_grid
 
     cfg = run_config(ctx, methods=[method], benchmarks=benchmarks, temperatures=temperature, settings=[],
                      tree_budget=None, preset=preset, target=target, dtype=dtype, device=device, compile=compile_,
                      limit=limit, max_new_tokens=max_new_tokens, acceptance=acceptance, seed=seed)
-    run_dir = run_ablation(method, set_, grid, cfg, out, data_dir, err, train_steps=train_steps,
-                           tree_budget=tree_budget, ray=ray, ray_address=ray_address, pack=pack)
+    cfg, variants, ablation = ablation_grid(method, set_, grid, cfg, tree_budget)
+    run_dir = run_grid(cfg, out, data_dir, err, command="ablate", variants=variants, ablation=ablation,
+                       train_steps=train_steps, ray=ray, ray_address=ray_address, pack=pack)
     paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
@@ -319,7 +319,7 @@ def ablate(
 @friendly
 def table(run_dir: RunFolderArg, ci: CiOpt = False):
     """Rebuild DIR/tables/ (main or ablation, cost, depth: .md .tex .csv) from records.jsonl."""
-    from harness.report.rebuild import write_report
+    from harness.report.run_readme import write_report
 
     paths = write_report(run_dir, ci, plots=False)
     print_markdown(paths[0])
@@ -330,7 +330,7 @@ def table(run_dir: RunFolderArg, ci: CiOpt = False):
 @friendly
 def plot(run_dir: RunFolderArg):
     """Rebuild DIR/plots/ (speedup, tau, depth, time [, ablation]: .png .svg) from records.jsonl."""
-    from harness.report.rebuild import write_report
+    from harness.report.run_readme import write_report
 
     print_written(run_dir, write_report(run_dir, tables=False))
 

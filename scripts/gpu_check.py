@@ -513,14 +513,14 @@ def compare_inputs(tg: Targets, name: str, methods: list[str], n: int, budget: i
 
 def check_compare(rep: Report, tg: Targets, methods: list[str], n: int, tokens: int, budget: int,
                   out_dir: Path) -> None:
-    """`compare` (harness/runs/compare.run_grid, the CLI's path) over the small Llama target and every
+    """`compare` (harness/runs/executor.run_grid, the CLI's path) over the small Llama target and every
     method's random weights saved as checkpoints, in float16, on a prompt file made here; then the
-    tables and plots (harness/report/rebuild.write_report)."""
+    tables and plots (harness/report/run_readme.write_report)."""
     from rich.console import Console
 
-    from harness.report.rebuild import write_report
-    from harness.runs.compare import run_grid
+    from harness.report.run_readme import write_report
     from harness.runs.config import RunConfig
+    from harness.runs.executor import run_grid
     from harness.runs.metrics import attach_divergences
     from harness.runs.results import RunDir
 

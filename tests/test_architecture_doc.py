@@ -15,7 +15,7 @@ from tests.test_layers import LAYERS, RANK
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"
-# `harness/core/decode.py:generate`, `harness/runs/runner.py:Runner.answer`, `cli.py:compare`
+# `harness/core/decode.py:generate`, `harness/runs/executor.py:Runner.answer`, `cli.py:compare`
 REF = re.compile(r"`((?:[\w-]+/)*[\w-]+\.py):([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)?)`")
 STEP = re.compile(r"^(\d+)\. `([^`]+)`", re.M)
 MEASURED = re.compile(r"Measured: (\d+) calls in (\d+) files \(([^)]*)\); the bracketed calls\s+add (\d+) files")
@@ -74,13 +74,13 @@ def test_a_renamed_function_on_the_path_is_caught(tmp_path):
         shutil.copy(REPO / file, dest)
     assert missing_refs(doc_text(), tmp_path) == []
     for file, old, new in [("harness/core/decode.py", "def speculative_step(", "def one_step("),
-                           ("harness/runs/runner.py", "    def answer(", "    def reply(")]:
+                           ("harness/runs/executor.py", "    def answer(self, slot", "    def reply(self, slot")]:
         path = tmp_path / file
         source = path.read_text(encoding="utf-8")
         assert old in source
         path.write_text(source.replace(old, new), encoding="utf-8")
     assert missing_refs(doc_text(), tmp_path) == [
-        "harness/runs/runner.py:Runner.answer: harness/runs/runner.py defines no Runner.answer",
+        "harness/runs/executor.py:Runner.answer: harness/runs/executor.py defines no Runner.answer",
         "harness/core/decode.py:speculative_step: harness/core/decode.py defines no speculative_step",
     ]
 
@@ -123,7 +123,7 @@ def test_the_measured_path_is_the_numbered_list():
 
 @pytest.mark.parametrize("text,needle", [
     ("`harness/core/decode.py:no_such_function`", "defines no no_such_function"),
-    ("`harness/runs/runner.py:Runner.no_such_method`", "defines no Runner.no_such_method"),
+    ("`harness/runs/executor.py:Runner.no_such_method`", "defines no Runner.no_such_method"),
     ("`harness/core/no_such_module.py:generate`", "no such file"),
 ])
 def test_a_wrong_reference_is_reported(text, needle):

@@ -82,8 +82,8 @@ def test_a_grid_builds_each_drafter_once_and_answers_as_single_runs(shared_data,
     from rich.console import Console
 
     from harness.core import machine_meta
-    from harness.runs.compare import run_grid
     from harness.runs.config import RunConfig
+    from harness.runs.executor import run_grid
     from harness.runs.results import RunDir
     from methods.pld import PromptLookupDrafter
     from tests.conftest import make_tiny_target

@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.runs import distributed
-from harness.runs.compare import run_grid
 from harness.runs.config import RunConfig
+from harness.runs.executor import run_grid
 from harness.runs.results import RunDir
 from tests.test_exactness import _timeless
 from tests.test_grid_rules import _target

@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from cli import app
-from harness.runs.compare import run_grid
 from harness.runs.config import RunConfig
+from harness.runs.executor import run_grid
 from harness.runs.results import RunDir
 
 REPO = Path(__file__).resolve().parent.parent

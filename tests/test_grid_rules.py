@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
-from harness.runs.compare import run_grid
 from harness.runs.config import RunConfig
+from harness.runs.executor import run_grid
 from harness.runs.results import RunDir
 from tests.conftest import make_tiny_target
 
@@ -22,7 +22,7 @@ def _target():
 
 
 def test_typical_rows_beside_lossless_share_ar(shared_data, tmp_path):
-    from harness.report.rebuild import write_report
+    from harness.report.run_readme import write_report
 
     cfg = RunConfig(methods=["pld"], benchmarks=["gsm8k"], temperatures=[0.0, 1.0], target="tiny", limit=2,
                     max_new_tokens=8, dtype="float32", typical=["pld"])

@@ -138,8 +138,8 @@ def test_every_import_points_down_and_no_private_name_crosses_a_module():
      "harness.runs.bench imports methods.pld: above the methods, reach a method through methods.registry"),
     ("scripts/profile_drafting.py", "from methods.sps import SpeculativeSampling", "scripts.profile_drafting imports methods.sps"),
     ("scripts/held_out_tau.py", "from harness.train.data import _split", "imports private _split from harness.train.data"),
-    ("examples/ngram_drafter/ngram_drafter/drafter.py", "from harness.runs.runner import Runner",
-     "method file examples.ngram_drafter.ngram_drafter.drafter imports harness.runs.runner"),
+    ("examples/ngram_drafter/ngram_drafter/drafter.py", "from harness.runs.executor import Runner",
+     "method file examples.ngram_drafter.ngram_drafter.drafter imports harness.runs.executor"),
 ])
 def test_an_added_bad_import_is_caught(tmp_path, file, line, needle):
     """The check is not vacuous: a copy of the sources with one bad import added fails it."""

@@ -86,7 +86,7 @@ def test_a_changed_file_is_refused_and_keys_follow_the_bytes(tmp_path):
 def test_a_prompt_file_with_several_categories_gets_a_category_table_and_plot(tmp_path):
     """Per-category Speedup and τ (Spec-Bench's table) for prompt files only; a run of built-in
     benchmarks writes no such table."""
-    from harness.report.rebuild import write_report
+    from harness.report.run_readme import write_report
     from tests.test_regress import edit_records
     from tests.test_report import write_run
 

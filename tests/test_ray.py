@@ -13,9 +13,9 @@ ray = pytest.importorskip("ray", reason="Ray is optional: pip install ray")
 
 from rich.console import Console  # noqa: E402
 
-from harness.runs.compare import run_grid  # noqa: E402
 from harness.runs.config import RunConfig  # noqa: E402
 from harness.runs.distributed import FAIL_ONCE_ENV  # noqa: E402
+from harness.runs.executor import run_grid  # noqa: E402
 from harness.runs.results import RunDir  # noqa: E402
 from tests.test_exactness import _timeless  # noqa: E402
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import SpecbenchError
-from harness.report.rebuild import write_report
+from harness.report.run_readme import write_report
 from harness.runs.metrics import attach_divergences, write_summary
 from harness.runs.record import SCHEMA_VERSION, Record, Steps, record_key
 from harness.runs.results import RunDir

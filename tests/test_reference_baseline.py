@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.runs.config import RunConfig
+from harness.runs.executor import run_grid
 from harness.runs.metrics import attach_divergences
 from harness.runs.regress import check
 from harness.runs.results import RunDir
-from harness.runs.compare import run_grid
-from harness.runs.config import RunConfig
 
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "smollm2-135m-reference-float32.json"
 

@@ -14,10 +14,9 @@ from typer.testing import CliRunner
 
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
-from harness.report import cells as table_cells
 from harness.report import plots, statistics, tables
-from harness.report.rebuild import write_report
-from harness.report.statistics import load_stats
+from harness.report.run_readme import write_report
+from harness.report.statistics import compute_stats
 from harness.runs import metrics
 from harness.runs.metrics import summarize
 from harness.runs.record import Record
@@ -121,7 +120,7 @@ def run_dir(tmp_path):
 def test_summary_csv_and_tables_come_from_one_computation(run_dir, monkeypatch):
     """summary.csv, the tables and the τ baselines take τ and speedup from the named metrics
     (metrics.TAU, metrics.SPEEDUP): equal to the bit, and a change there reaches all three."""
-    stats = load_stats(run_dir)
+    stats = compute_stats(load_run(run_dir))
     summary = summarize(RunDir(run_dir).read_records())
     for row, by_bench in stats.cells.items():
         for b in stats.run.benchmarks:
@@ -133,7 +132,7 @@ def test_summary_csv_and_tables_come_from_one_computation(run_dir, monkeypatch):
         assert mean.tau == pytest.approx(np.mean([by_bench[b].tau for b in stats.run.benchmarks]))
     monkeypatch.setattr(metrics.RatioOfSums, "estimate", lambda self, rows, weights=None: np.asarray(7.0))
     assert set(summarize(RunDir(run_dir).read_records()).tau) == {7.0}
-    cells = table_cells.main_cells(load_run(run_dir), resamples=0)
+    cells = statistics.main_cells(load_run(run_dir), resamples=0)
     assert {c.tau for by_bench in cells.values() for c in by_bench.values()} == {7.0}
     from harness.runs.regress import run_cells
 
@@ -150,8 +149,8 @@ def test_a_rebuild_computes_the_statistics_once(run_dir, monkeypatch):
 
 
 def test_bootstrap_interval_is_deterministic_and_covers_the_estimate(run_dir):
-    a = load_stats(run_dir).main
-    b = load_stats(run_dir).main
+    a = compute_stats(load_run(run_dir)).main
+    b = compute_stats(load_run(run_dir)).main
     assert a.equals(b)
     assert (a.tau_lo <= a.tau + 1e-9).all() and (a.tau <= a.tau_hi + 1e-9).all()
     assert (a.speedup_lo <= a.speedup + 1e-9).all() and (a.speedup <= a.speedup_hi + 1e-9).all()
@@ -164,20 +163,20 @@ def test_bootstrap_on_identical_answers_collapses():
     ar = {**rec, "method": "ar", "acceptance": "none", "wall_s": 2.0, "steps": {"tokens": [1] * 9}}
     recs = [Record.from_dict(dict(rec, question_id=i)) for i in range(5)]
     ars = metrics.ar_by_prompt(Record.from_dict(dict(ar, question_id=i)) for i in range(5))
-    cell = table_cells.cell_stats(recs, ars, ("x",))
+    cell = statistics.cell_stats(recs, ars, ("x",))
     assert cell.tau == 2.0 and cell.tau_ci == (2.0, 2.0)
     assert cell.speedup == 2.0 and cell.speedup_ci == pytest.approx((2.0, 2.0))
 
 
 def test_bootstrap_interval_narrows_with_more_answers(tmp_path):
-    small = load_stats(write_run(tmp_path / "s", questions=4)).main
-    large = load_stats(write_run(tmp_path / "l", questions=40)).main
+    small = compute_stats(load_run(write_run(tmp_path / "s", questions=4))).main
+    large = compute_stats(load_run(write_run(tmp_path / "l", questions=40))).main
     w = lambda f: float((f.tau_hi - f.tau_lo).mean())  # noqa: E731
     assert w(large) < w(small)
 
 
 def test_cost_and_depth_tables(run_dir):
-    stats = load_stats(run_dir)
+    stats = compute_stats(load_run(run_dir))
     cost = stats.cost
     ar = cost[cost.method == "ar"].iloc[0]
     assert ar.tau == 1.0 and ar.tokens_per_verify == 0 and ar.draft_parameters == 0
@@ -200,7 +199,7 @@ def test_lossy_comes_from_the_records(tmp_path):
     for r in recs:  # a made-up rule set: what the records say wins over the rule's name
         r["lossy"] = r["acceptance"] == "lossless"
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    stats = load_stats(path)
+    stats = compute_stats(load_run(path))
     assert {r.acceptance: r.lossy for r in stats.run.rows} == {"lossless": True, "typical": False}
     assert set(stats.main[stats.main.lossy].acceptance) == {"lossless"}
     tables.write_tables(stats)
@@ -216,7 +215,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
             r["turn"] = 1
             r["key"] = record_key(r)
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    frame = statistics.turn_frame(table_cells.turn_cells(load_run(path), resamples=0))
+    frame = statistics.turn_frame(statistics.turn_cells(load_run(path), resamples=0))
     for method in ("pld", "eagle"):
         line = frame[frame.method == method].iloc[0]
         for turn, qids in ((1, (100, 101)), (2, (102, 103))):
@@ -229,7 +228,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
     assert "turns.png" in written and "turns.svg" in written  # τ per turn, every method
     # no benchmark with two turns: no turn table
     single = write_run(tmp_path / "single", methods=("pld",), questions=2)
-    assert table_cells.turn_cells(load_run(single)) is None
+    assert statistics.turn_cells(load_run(single)) is None
     assert statistics.turn_frame(None).empty
     assert not {"turns.md", "turns.png"} & {p.name for p in write_report(single)}
 
@@ -237,7 +236,7 @@ def test_turn_table_splits_multi_turn_benchmarks_by_turn(tmp_path):
 # ----------------------------------------------------------------------------- files
 
 def test_tables_layout(run_dir):
-    tables.write_tables(load_stats(run_dir))
+    tables.write_tables(compute_stats(load_run(run_dir)))
     md = (run_dir / "tables" / "main.md").read_text()
     assert "**Temperature 0 (greedy)**" in md and "**Temperature 1 (lossless, typical)**" in md
     assert ("| Method | MT-Bench Speedup | MT-Bench τ | GSM8K Speedup | GSM8K τ | Mean Speedup | Mean τ "
@@ -254,14 +253,14 @@ def test_tables_layout(run_dir):
     csv = (run_dir / "tables" / "main.csv").read_text().splitlines()
     assert csv[0] == ("temperature,method,variant,acceptance,lossy,config_hash,benchmark,answers,speedup,"
                       "speedup_lo,speedup_hi,tau,tau_lo,tau_hi,tokens_per_verify")
-    tables.write_tables(load_stats(run_dir), ci=True)
+    tables.write_tables(compute_stats(load_run(run_dir)), ci=True)
     assert "Brackets: 95% bootstrap interval" in (run_dir / "tables" / "main.md").read_text()
 
 
-def _cell(value: float, lo: float, hi: float) -> table_cells.Cell:
+def _cell(value: float, lo: float, hi: float) -> statistics.Cell:
     """A cell whose τ and speedup are `value` with the 95% interval [lo, hi]."""
     reps = np.repeat([lo, value, hi], 200)  # the 2.5th percentile is lo, the 97.5th hi
-    return table_cells.Cell(10, value, value, reps, reps)
+    return statistics.Cell(10, value, value, reps, reps)
 
 
 def _row(method: str, lossy: bool = False) -> Row:
@@ -279,7 +278,7 @@ def test_emphasis_bolds_a_clear_win_and_marks_a_tie():
     wide = {**clear, c: _cell(1.2, 0.5, 1.92)}
     assert tables.emphasis(wide, list(wide), "speedup") == {a: "tie", c: "tie"}
     # without intervals nothing can be told apart; with one competitor nothing is marked
-    bare = {a: table_cells.Cell(10, 2.0, 2.0, None, None), b: table_cells.Cell(10, 1.0, 1.0, None, None)}
+    bare = {a: statistics.Cell(10, 2.0, 2.0, None, None), b: statistics.Cell(10, 1.0, 1.0, None, None)}
     assert tables.emphasis(bare, list(bare), "tau") == {a: "tie", b: "tie"}
     assert tables.emphasis(clear, [a, lossy], "tau") == {}
 
@@ -290,7 +289,7 @@ def _main_line(md: str, label: str, block: int = 0) -> str:
 
 def test_best_is_bold_only_when_its_interval_clears_the_rest(tmp_path):
     run_dir = write_run(tmp_path / "r", methods=("pld", "eagle"))
-    stats = load_stats(run_dir)
+    stats = compute_stats(load_run(run_dir))
     tables.write_tables(stats)
     md = (run_dir / "tables" / "main.md").read_text()
     eagle, pld = _main_line(md, "EAGLE"), _main_line(md, "Prompt lookup")
@@ -315,7 +314,7 @@ def test_a_tie_gets_no_bold_but_a_dagger(tmp_path):
             same = pld[Record.from_dict(line).prompt]
             line.update(steps=same.steps.to_json_dict(), wall_s=same.wall_s)
     edit_records(run_dir, copy_pld)
-    tables.write_tables(load_stats(run_dir))
+    tables.write_tables(compute_stats(load_run(run_dir)))
     md = (run_dir / "tables" / "main.md").read_text()
     tex = (run_dir / "tables" / "main.tex").read_text()
     for label in ("EAGLE", "Prompt lookup"):
@@ -327,7 +326,7 @@ def test_a_tie_gets_no_bold_but_a_dagger(tmp_path):
 def test_every_table_defines_mean_and_shows_tokens_per_verify(run_dir):
     """The Mean is the arithmetic mean of the per-benchmark values, and the captions say so; every
     table has the rows' budget (draft tokens verified per step: 6 in the synthetic records)."""
-    stats = load_stats(run_dir)
+    stats = compute_stats(load_run(run_dir))
     row = next(r for r in stats.run.rows if r.method == "eagle" and not r.lossy and r.temperature == 0)
     cells = stats.cells[row]
     assert cells["mean"].tau == pytest.approx((cells["mt_bench"].tau + cells["gsm8k"].tau) / 2, abs=1e-12)
@@ -349,14 +348,14 @@ def test_every_table_defines_mean_and_shows_tokens_per_verify(run_dir):
 def test_rows_follow_the_declared_method_order_with_display_names(tmp_path):
     from methods.registry import method_info
 
-    stats = load_stats(write_run(tmp_path / "r", methods=("eagle", "medusa", "pld")))
+    stats = compute_stats(load_run(write_run(tmp_path / "r", methods=("eagle", "medusa", "pld"))))
     assert [r.method for r in stats.run.rows] == ["pld", "medusa", "eagle"]
     assert [r.label for r in stats.run.rows] == [method_info(m).display_name for m in ("pld", "medusa", "eagle")]
     assert [r.label for r in stats.run.rows] == ["Prompt lookup", "Medusa", "EAGLE"]
 
 
 def test_plots_written(run_dir):
-    paths = plots.write_plots(load_stats(run_dir))
+    paths = plots.write_plots(compute_stats(load_run(run_dir)))
     names = sorted(p.name for p in paths)
     for stem in ("depth", "speedup", "tau", "time"):
         assert f"{stem}.png" in names and f"{stem}.svg" in names
@@ -372,7 +371,7 @@ def drawn(monkeypatch):
 
 
 def test_every_figure_has_a_caption_naming_the_setting(run_dir, drawn):
-    plots.write_plots(load_stats(run_dir))
+    plots.write_plots(compute_stats(load_run(run_dir)))
     assert set(drawn) == {"speedup", "tau", "depth", "time"}
     for name, fig in drawn.items():
         text = " ".join(fig._supxlabel.get_text().split())
@@ -385,7 +384,7 @@ def test_caption_derives_the_cpu_kind_of_older_folders(tmp_path, drawn):
     """Folders written before meta.json stored cpu_kind: derived from the CPU model and flags."""
     run_dir = write_run(tmp_path / "r", cpu_kind=None,
                         cpu_flags={"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": False})
-    plots.write_plots(load_stats(run_dir))
+    plots.write_plots(compute_stats(load_run(run_dir)))
     assert "Test CPU 9000 (AVX512-BF16, no AMX), 2 threads" in drawn["tau"]._supxlabel.get_text()
 
 
@@ -399,7 +398,7 @@ def test_method_colours_and_names_come_from_the_methods(run_dir, drawn):
     assert len(set(colours)) == len(colours)  # one distinct colour per method
     assert plots.method_color("eagle") == get_method("eagle").color
     assert plots.method_color("newthing") == plots.method_color("newthing") == method_info("newthing").color
-    plots.write_plots(load_stats(run_dir))
+    plots.write_plots(compute_stats(load_run(run_dir)))
     legend = drawn["tau"].legends[0]
     labels = [t.get_text() for t in legend.get_texts()]
     # two columns, filled column by column: it reads row by row in the declared order
@@ -410,7 +409,7 @@ def test_method_colours_and_names_come_from_the_methods(run_dir, drawn):
 
 
 def test_depth_is_small_multiples_one_panel_per_method(run_dir, drawn):
-    plots.write_plots(load_stats(run_dir))
+    plots.write_plots(compute_stats(load_run(run_dir)))
     panels = [ax for ax in drawn["depth"].axes if ax.get_visible()]
     assert [ax.get_title(loc="left") for ax in panels] == ["Prompt lookup", "Medusa", "EAGLE"]
     # one line per setting: T=0 greedy, T=1 lossless, T=1 typical (lossy, hollow markers)
@@ -421,7 +420,7 @@ def test_depth_is_small_multiples_one_panel_per_method(run_dir, drawn):
 
 
 def test_time_is_ms_per_token_with_the_ar_line(run_dir, drawn):
-    stats = load_stats(run_dir)
+    stats = compute_stats(load_run(run_dir))
     cost = stats.cost
     eagle = cost[(cost.method == "eagle") & (cost.temperature == 0)].iloc[0]
     per_step = eagle.draft_ms_per_step + eagle.verify_ms_per_step + eagle.other_ms_per_step
@@ -486,7 +485,7 @@ def test_ablation_folder_tables_and_plot(tmp_path):
     assert "| Variant |" in md
     rows = [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ") and "Variant" not in line]
     assert rows == ["| default", "| max_draft=5", "| max_draft=2", "| adaptive=false"]
-    frame = load_stats(run_dir).main
+    frame = compute_stats(load_run(run_dir)).main
     tau = frame[frame.benchmark == "mean"].set_index("variant").tau
     assert tau["default"] > tau["max_draft=2"]  # the synthetic rate grows with max_draft
 
@@ -496,7 +495,7 @@ def test_rows_of_one_method_under_two_unlabelled_configs_stay_apart(tmp_path):
     meta = json.loads((run_dir / "meta.json").read_text())
     del meta["config"]["methods_resolved"]
     (run_dir / "meta.json").write_text(json.dumps(meta))
-    stats = load_stats(run_dir)
+    stats = compute_stats(load_run(run_dir))
     assert len(stats.run.rows) == 2 and len({r.name for r in stats.run.rows}) == 2
     assert all(r.name.startswith("pld [") for r in stats.run.rows)
     assert not any(math.isnan(v) for v in stats.main.tau)
@@ -660,8 +659,9 @@ def chat_tiny_target():
 def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, chat_tiny_target):
     from rich.console import Console
 
-    from harness.runs.compare import run_ablation
+    from harness.runs.compare import ablation_grid
     from harness.runs.config import RunConfig
+    from harness.runs.executor import run_grid
 
     def spec():
         return RunConfig(methods=None, benchmarks=["mt_bench"], temperatures=[1.0, 0.0], target="tiny",
@@ -669,8 +669,12 @@ def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, ch
 
     quiet = Console(file=io.StringIO())
     out = tmp_path / "ab"
-    run_dir = run_ablation("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec(), out, shared_data,
-                           quiet, chat_tiny_target)
+    def ablate() -> Path:
+        cfg, variants, ablation = ablation_grid("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec())
+        return run_grid(cfg, out, shared_data, quiet, chat_tiny_target, command="ablate", variants=variants,
+                        ablation=ablation)
+
+    run_dir = ablate()
     records = RunDir(run_dir).records()
     # 2 temperatures x 2 MT-Bench turns x (AR + default + max_draft=2 + adaptive=false)
     assert len(records) == 2 * 2 * 4
@@ -681,8 +685,7 @@ def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, ch
     assert meta["config"]["command"] == "ablate" and set(meta["config"]["ablation"]["variants"]) == {
         "default", "max_draft=2", "adaptive=false"}
     # Rerunning resumes: nothing new is answered.
-    run_ablation("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec(), out, shared_data, quiet,
-                 chat_tiny_target)
+    ablate()
     assert len(RunDir(run_dir).records()) == len(records)
     paths = write_report(run_dir)
     assert {"ablation.md", "ablation.png", "cost.md", "depth.csv"} <= {p.name for p in paths}

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cli import app
 from harness.core.hashing import config_hash
 from harness.report.run_readme import command_line
-from harness.runs import compare
+from harness.runs import executor
 from harness.runs.config import RunConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,20 +21,20 @@ FOLDERS = sorted(p.parent for p in (REPO / "results").rglob("records.jsonl"))  #
 
 
 class Handed(Exception):
-    """Raised by the stand-in executor: the grid it was handed is in `grid`."""
+    """Raised by the stand-in backend: the grid it was handed is in `grid`."""
 
     def __init__(self, grid) -> None:
-        super().__init__("handed to the executor")
+        super().__init__("handed to the backend")
         self.grid = grid
 
 
 def handed_grid(args: list[str], data_dir: Path, monkeypatch):
-    """The Grid `cli.py ARGS` hands the executor (no model loads, nothing is written)."""
-    def execute(grid, backend):
+    """The Grid `cli.py ARGS` hands its backend (no model loads, nothing is written)."""
+    def start(backend, grid):
         raise Handed(grid)
 
-    monkeypatch.setattr(compare, "load_target", lambda cfg, console: None)
-    monkeypatch.setattr(compare, "execute", execute)
+    monkeypatch.setattr(executor, "load_target", lambda cfg, console: None)
+    monkeypatch.setattr(executor.LocalBackend, "start", start)
     res = CliRunner().invoke(app, [*args, "--data-dir", str(data_dir)])
     assert isinstance(res.exception, Handed), res.output
     return res.exception.grid

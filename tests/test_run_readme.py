@@ -10,8 +10,7 @@ import pytest
 import typer.main
 
 from cli import app
-from harness.report.rebuild import write_report
-from harness.report.run_readme import README, _value, command_line, write_run_readme
+from harness.report.run_readme import README, _value, command_line, write_report, write_run_readme
 from harness.runs.compare import parse_values
 from harness.runs.config import RunConfig
 from harness.runs.settings import parse_settings

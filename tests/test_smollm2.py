@@ -9,10 +9,9 @@ import torch
 from harness.core.decode import GenerationConfig, generate
 from harness.core.tree import tree_from_parent_map
 from harness.runs.benchmarks import load_questions
-from harness.runs.results import RunDir
-from harness.runs.compare import run_grid
 from harness.runs.config import RunConfig
-from harness.runs.executor import summarize_dir
+from harness.runs.executor import run_grid, summarize_dir
+from harness.runs.results import RunDir
 from methods.pld import PromptLookupDrafter
 from tests.oracle import OracleDrafter
 from tests.train_helpers import assert_tree_logits_match_paths

@@ -5,8 +5,8 @@ so AR and every drafter run on the same Target, cache and acceptance code. As in
 `generate.py`, the loop is a few small functions: `prefill`, `speculative_step` (one step: the
 algorithm alone), `Answer.extend` (trimming at EOS, a stop string or the token limit) and
 `generate`, which strings them together. What is measured is measured around them: `generate`
-hands the step a `PhaseTimer` hook to mark its phases with, and a `GenerationTrace`
-(harness/core/generation.py) files the clocks, the per-step records and the logit gaps.
+hands the step a `PhaseTimer` hook to mark its phases with, and a `GenerationTrace` (below) files
+the clocks, the per-step records and the logit gaps into the answer's `Generation`.
 
 On a GPU the loop keeps the target's tensors on its device. Per step it copies to the device the
 tree's tokens, position ids and mask (`DraftTree.verify_inputs`) and the accepted path's row
@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.core.errors import SpecbenchError
-from harness.core.generation import Generation, GenerationTrace
 from harness.core.kvcache import KVCache
 from harness.core.packed_linear import weight_format
 from harness.core.target import Target, TargetOutput
-from harness.core.timing import Clock, Phase, untimed
+from harness.core.timing import Clock, Phase, PhaseTimer, untimed
 from harness.core.tree import DraftTree
 from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
 
@@ -182,29 +181,6 @@ def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, genera
     return cache, prefilled, root
 
 
-def verify_tree(target: Target, cache: KVCache, tree: DraftTree, sampling: Sampling,
-                generator: torch.Generator | None, layers: list[int] | None = None) -> tuple[TargetOutput, Verdict]:
-    """3-4. One target forward over root + tree nodes on top of the cached prefix; accept a path;
-    keep only that path's cache rows. Returns the forward's output ([N+1] rows, with the inputs of
-    `layers` too) and the verdict."""
-    start = cache.length
-    tokens, positions, mask = tree.verify_inputs(target.input_device, start)
-    verified = target.forward(tokens, cache, position_ids=positions, tree_mask=mask if tree.size else None,
-                              layers=layers)
-    verdict = verify(tree, verified.logits, sampling, generator)
-    if tree.size:
-        cache.commit(start, torch.tensor(verdict.path, device=target.device))
-    return verified, verdict
-
-
-def propose(drafter, ctx: DraftContext) -> DraftTree:
-    """2. The drafter's tree under `ctx.root`, or the root alone (plain AR) without a drafter."""
-    if drafter is None:
-        return DraftTree.root_only(ctx.root)
-    with drafting_weights(drafter):
-        return drafter.propose(ctx)
-
-
 def observe(drafter, tree: DraftTree, verified: TargetOutput, verdict: Verdict) -> None:
     """5. The drafter sees the accepted path: its tokens [A+1] and, at its rows, the target's
     features [A+1, H], logits [A+1, V] and the inputs [A+1, H] of the layers it asked for."""
@@ -236,9 +212,21 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
     observe the accepted tokens and their target features (unless the answer is finished).
     `phase`: the hook that marks the timed phases (the loop's `PhaseTimer`; default: none)."""
     with phase("propose"):
-        tree = propose(drafter, DraftContext(answer.context, root, sampling, generator, room))
+        if drafter is None:
+            tree = DraftTree.root_only(root)   # plain AR: the root alone
+        else:
+            with drafting_weights(drafter):
+                tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
     with phase("verify"):
-        verified, verdict = verify_tree(target, cache, tree, sampling, generator, feature_layers(drafter))
+        # One target forward over root + tree on top of the cached prefix; the acceptance rule
+        # picks a path, and only that path's cache rows are kept.
+        start = cache.length
+        tokens, positions, mask = tree.verify_inputs(target.input_device, start)
+        verified = target.forward(tokens, cache, position_ids=positions, tree_mask=mask if tree.size else None,
+                                  layers=feature_layers(drafter))
+        verdict = verify(tree, verified.logits, sampling, generator)
+        if tree.size:
+            cache.commit(start, torch.tensor(verdict.path, device=target.device))
     kept = answer.extend(tree.tokens[verdict.path[1:]].tolist() + [verdict.bonus])
     with phase("observe"):
         if drafter is not None and not answer.finished:
@@ -254,6 +242,94 @@ def context_limit(target: Target, prompt_ids: list[int]) -> int:
     if len(prompt_ids) + 1 >= max_ctx:
         raise SpecbenchError(f"prompt of {len(prompt_ids)} tokens does not fit the target's context ({max_ctx})")
     return max_ctx
+
+
+# ----------------------------------------------------------------------------- the trace
+
+# When asked (AR greedy) the trace also keeps the top-1 logit and its gap to the top-2 at every
+# committed position, which tells a greedy mismatch at a near tie from a real one.
+
+@dataclass
+class Generation:
+    """One answer: its tokens, why it stopped, its clock, and one entry per step in each step list."""
+
+    output_ids: list[int]
+    prompt_tokens: int
+    prefill_s: float
+    wall_s: float
+    stop_reason: str
+    tree_size: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    draft_ms: list[float] = field(default_factory=list)
+    verify_ms: list[float] = field(default_factory=list)
+    top1: list[float] | None = None
+    gap: list[float] | None = None
+
+    @property
+    def steps(self) -> dict[str, list]:
+        return {"tree_size": self.tree_size, "accepted": self.accepted, "tokens": self.tokens,
+                "draft_ms": [round(x, 3) for x in self.draft_ms],
+                "verify_ms": [round(x, 3) for x in self.verify_ms]}
+
+    @property
+    def tau(self) -> float:
+        return sum(self.tokens) / max(1, len(self.tokens))
+
+    def add_step(self, step: Step) -> None:
+        self.tree_size.append(step.tree.size)
+        self.accepted.append(step.verdict.accepted)
+        self.tokens.append(len(step.kept))
+        self.draft_ms.append(step.draft_s * 1e3)
+        self.verify_ms.append(step.verify_s * 1e3)
+
+
+def top1_and_gap(logits_rows: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per row of `logits_rows` [R, V]: the top-1 logit and its gap to the top-2 (how close AR
+    greedy was to a tie)."""
+    v = logits_rows.float().topk(2, dim=-1).values
+    return v[:, 0].tolist(), (v[:, 0] - v[:, 1]).tolist()
+
+
+class GenerationTrace:
+    """Fills a `Generation` around the loop: created just before the prefill (the wall clock starts),
+    told of the prefill and of each step, and asked for the record at the end."""
+
+    def __init__(self, clock: Clock, prompt_tokens: int, logit_gaps: bool) -> None:
+        self.clock = clock
+        self.phases = PhaseTimer(clock)  # the hook each step marks its phases with
+        self.res = Generation([], prompt_tokens, prefill_s=0.0, wall_s=0.0, stop_reason="",
+                              top1=[] if logit_gaps else None, gap=[] if logit_gaps else None)
+        self.started = clock.now()
+
+    def prefilled(self, out: TargetOutput) -> None:
+        """The prefill is done: the root's logit gap ([1, V] last logits row), then its seconds."""
+        self._logit_gaps(out.logits[-1:])
+        self.res.prefill_s = self.clock.now() - self.started
+
+    def add(self, step: Step) -> None:
+        """File one step: its phase seconds, also set on `step` (drafting = propose + observe;
+        verifying = the target forward, the acceptance rule and the cache commit), its sizes, and
+        the logit gaps of its accepted path's rows ([A+1, V])."""
+        seconds = self.phases.take()
+        step.draft_s, step.verify_s = seconds["propose"] + seconds["observe"], seconds["verify"]
+        self._logit_gaps(step.verified.logits[step.verdict.path])
+        self.res.add_step(step)
+
+    def finish(self, output_ids: list[int], stop_reason: str) -> Generation:
+        """The record: the answer's tokens, the gaps cut to them (a trimmed step recorded more), the wall clock."""
+        res = self.res
+        res.output_ids, res.stop_reason = output_ids, stop_reason
+        if res.top1 is not None and res.gap is not None:
+            res.top1, res.gap = res.top1[: len(output_ids)], res.gap[: len(output_ids)]
+        res.wall_s = self.clock.now() - self.started
+        return res
+
+    def _logit_gaps(self, logits_rows: torch.Tensor) -> None:
+        if self.res.top1 is not None and self.res.gap is not None:
+            top1, gap = top1_and_gap(logits_rows)
+            self.res.top1 += top1
+            self.res.gap += gap
 
 
 @torch.inference_mode()

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
-from harness.report.cells import Cell
 from harness.report.figure_style import (
     COLUMN_WIDTH_IN,
     VARIANT_COLORS,
@@ -32,7 +31,7 @@ from harness.report.figure_style import (
     shade,
     variant_colors,
 )
-from harness.report.statistics import RunStats
+from harness.report.statistics import Cell, RunStats
 from harness.report.tables import answers_text, benchmark_title, frame_label, setting_text
 from harness.runs.metrics import CI_LEVEL
 from harness.runs.record import AR_METHOD, is_lossy

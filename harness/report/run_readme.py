@@ -1,7 +1,9 @@
-"""DIR/README.md of a run folder, generated from its meta.json and records alone: the command that
-made it (rebuilt from the stored config), the machine, commit and date, what the folder holds, and
-links to its tables and plots. `write_report` (what `cli.py compare`, `ablate`, `table` and `plot`
-end with) writes it; regenerate one without touching tables or plots with `write_run_readme(DIR)`."""
+"""A run folder's report, rebuilt from its records alone: `write_report` (what `cli.py compare`,
+`ablate`, `table` and `plot` end with) computes the statistics once (the bootstrap included),
+renders the tables and plots from them, byte for byte the same on every rebuild, and last writes
+DIR/README.md: the command that made the folder (rebuilt from the stored config), the machine,
+commit and date, what the folder holds, and links to its tables and plots. Regenerate the README
+alone, without touching tables or plots, with `write_run_readme(DIR)`."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.verify import default_rule
+from harness.report.plots import write_plots
+from harness.report.statistics import compute_stats
+from harness.report.tables import write_tables
 from harness.runs.settings import TREE_BUDGET
 from harness.runs.run_data import RunData, display_label, fmt_temperature, load_run
 from methods.registry import method_info
@@ -257,3 +262,11 @@ def write_run_readme(run_dir: Path, run: RunData | None = None) -> Path:
     path = Path(run_dir) / README
     path.write_text(readme_text(run), encoding="utf-8")
     return path
+
+
+def write_report(run_dir: Path, ci: bool = False, tables: bool = True, plots: bool = True) -> list[Path]:
+    """Write DIR/tables/ (`ci`: intervals in the markdown too) and DIR/plots/, then DIR/README.md
+    linking them; tables' paths first, the main markdown leading."""
+    stats = compute_stats(load_run(run_dir))
+    written = (write_tables(stats, ci) if tables else []) + (write_plots(stats) if plots else [])
+    return [*written, write_run_readme(run_dir, stats.run)]

@@ -25,8 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
-from harness.report.cells import MEAN_DEFINITION, Cell, ColumnCells
-from harness.report.statistics import RunStats, main_frame
+from harness.report.statistics import MEAN_DEFINITION, Cell, ColumnCells, RunStats, main_frame
 from harness.runs.metrics import CI_LEVEL
 from harness.runs.run_data import MEAN, Row, RunData, fmt_temperature, row_label
 

@@ -1,30 +1,25 @@
-"""`cli.py run`, `compare` and `ablate`: one path (`run_grid`) from a checked RunConfig to a run folder.
+"""What a grid compares: the methods `compare` was not given (`discover_methods`), and the variants
+of one method `ablate` sweeps (`ablation_grid`).
 
 A grid is methods (or variants of one method) x benchmarks x prompts x temperatures: `run` is a
-grid of one temperature, `compare` of several, `ablate` of one method's variants (`run_ablation`).
-`run_grid` checks the config against the machine once, finds the methods `compare` was not given
-(`discover_methods`) and hands the grid to the executor (harness/runs/executor.py), which answers
-it by one backend into one run folder (records merge by key, so every grid resumes). Tables and
-plots are then rebuilt from the records alone, exactly as `cli.py table DIR` / `cli.py plot DIR` do.
+grid of one temperature, `compare` of several, `ablate` of one method's variants. The executor
+(harness/runs/executor.py:run_grid) checks it against the machine, answers it by one backend into
+one run folder (records merge by key, so every grid resumes), with the methods found here and the
+variants' weights checked here (`check_arch_variants`). Tables and plots are then rebuilt from the records alone, exactly as
+`cli.py table DIR` / `cli.py plot DIR` do.
 """
 from __future__ import annotations
 
 import itertools
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
-from harness.core.target import Target, check_target_spec
-from harness.runs.benchmarks import load_questions, resolve_data_dir
 from harness.runs.config import RunConfig
-from harness.runs.executor import Backend, Grid, LocalBackend, execute
-from harness.runs.results import RunDir, default_run_dir
-from harness.runs.settings import check_settings, method_overrides, parse_tree_budget
-from harness.runs.slots import load_target, method_classes
+from harness.runs.settings import method_overrides, parse_tree_budget
 from methods.registry import method_info
 
 DEFAULT_METHOD = "pld"
@@ -168,72 +163,15 @@ def check_arch_variants(cls: type, variants: dict[str, dict[str, Any]], target, 
             ) from None
 
 
-# ----------------------------------------------------------------------------- the grid
+# ----------------------------------------------------------------------------- an ablation's grid
 
-def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
-             console: Console | None = None, target: Target | None = None, *, command: str = "run",
-             variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
-             train_steps: int = 0, ray: bool = False, ray_address: str | None = None, pack: bool = False) -> Path:
-    """The one path of `cli.py run`, `compare` and `ablate` (`command`, which meta.json stores):
-    check `cfg` against this machine once (data, questions, methods, settings, checkpoint), load
-    the target where the driver needs it (to find the methods, check variants, or answer), build
-    the `Grid` and run it by a backend into one run folder; returns the folder (resumes finished
-    answers). User errors are raised before the target loads.
-
-    `target`: an already loaded one (tests); `variants`/`ablation`: `run_ablation`'s; `ray`: the
-    answers as Ray tasks (harness/runs/distributed.py), `pack` letting untimed CPU cells share a
-    node, one CPU each.
-    """
-    console = console or Console(stderr=True)
-    backend: Backend = LocalBackend()
-    if ray:
-        from harness.runs.distributed import RayBackend
-
-        backend = RayBackend(ray_address, pack)  # Ray not installed: one line, before anything loads
-    elif pack:
-        raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
-    request = cfg.to_dict(command)
-    if ablation:
-        request["ablation"] = {k: ablation[k] for k in ("method", "sweep", "fixed", "grid")}
-    out = Path(out) if out else default_run_dir(request)
-    # Built-in benchmarks are read from the data folder; a run of prompt files alone needs none.
-    data_dir = resolve_data_dir(data_dir) if any(b not in cfg.prompt_files for b in cfg.benchmarks) else None
-    questions = {b: load_questions(b, data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
-    if target is None:
-        check_target_spec(cfg.target)
-    classes = checked_classes(cfg) if cfg.methods is not None else {}
-    # On Ray the workers load the target; the driver needs one only to find methods or check variants.
-    if target is None and (not ray or cfg.methods is None or variants):
-        target = load_target(cfg, console)
-    if cfg.methods is None:
-        found = discover_methods(target, cfg.settings, console)
-        console.print(f"methods: {', '.join(found)}")
-        cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
-        classes = checked_classes(cfg)
-    if variants:
-        check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
-    stored = {**request, "methods": cfg.methods}
-    if ablation:
-        stored["ablation"] = ablation
-    return execute(Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target), backend)
-
-
-def checked_classes(cfg: RunConfig) -> dict[str, type]:
-    """The Drafter classes of `cfg`'s methods, with its --set keys and --checkpoint checked against them."""
-    classes = method_classes(cfg.methods)
-    check_settings(cfg.settings, classes)
-    if cfg.checkpoint and not any(c.trainable for c in classes.values()):
-        raise SpecbenchError("--checkpoint given, but no method of this run loads weights")
-    return classes
-
-
-def run_ablation(method: str, pairs: list[str], grid: bool, cfg: RunConfig, out: Path | None = None,
-                 data_dir: str | Path | None = None, console: Console | None = None, target: Target | None = None,
-                 train_steps: int = 0, tree_budget: int | str | None = None, **ray: Any) -> Path:
-    """`cli.py ablate`: the variants of `method` (swept by `pairs`, `--set key=v1,v2`) beside AR,
-    on the benchmarks and temperatures of `cfg` (its methods and settings are the ablation's);
-    `ray`: run_grid's ray, ray_address, pack; `tree_budget` fixes the tree's size for every
-    variant (--set wins)."""
+def ablation_grid(method: str, pairs: list[str], grid: bool, cfg: RunConfig,
+                  tree_budget: int | str | None = None) -> tuple[RunConfig, dict[str, dict[str, Any]], dict[str, Any]]:
+    """`cli.py ablate`: the variants of `method` (swept by `pairs`, `--set key=v1,v2`; `grid`: every
+    combination) to run beside AR on the benchmarks and temperatures of `cfg` (its methods and
+    settings become the ablation's); `tree_budget` fixes the tree's size for every variant (--set
+    wins). Returns what `harness/runs/executor.py:run_grid` takes: the config, `variants` and
+    `ablation` (what meta.json stores of the sweep)."""
     from methods.registry import get_method
 
     cls = get_method(method)
@@ -247,5 +185,4 @@ def run_ablation(method: str, pairs: list[str], grid: bool, cfg: RunConfig, out:
         "variants": {label: {k: v for k, v in cls.resolve_config(o).items() if base.get(k) != v}
                      for label, o in variants.items()},
     }
-    return run_grid(replace(cfg, methods=[method], settings={}), out, data_dir, console, target, command="ablate",
-                    variants=variants, ablation=ablation, train_steps=train_steps, **ray)
+    return replace(cfg, methods=[method], settings={}), variants, ablation

@@ -29,9 +29,8 @@ from rich.console import Console
 from harness.core.errors import SpecbenchError
 from harness.runs.benchmarks import Question
 from harness.runs.config import RunConfig
-from harness.runs.executor import Grid, Sink
+from harness.runs.executor import Grid, Runner, Sink
 from harness.runs.record import AR_METHOD, Record
-from harness.runs.runner import Runner
 from harness.runs.slots import MethodSlot, build_slots, load_target, method_classes, resolved_methods
 
 # Set by tests only (in the driver's environment, passed to the tasks): a worker that answers the

@@ -1,16 +1,22 @@
 """The executor: one grid's answers into one run folder, by one of two backends.
 
-`execute` does what every run shares, whichever backend answers: it opens the run folder for the
-grid's config (a new folder, or the same config resumed; another config is refused), writes the
-provenance into meta.json (slots resolved, target runtime, data folder), reads the answers already
-recorded (resume), shows one progress view and is the folder's one writer (`Sink`: each key once).
+`run_grid` is the one path of `cli.py run`, `compare` and `ablate`: it checks the config against
+the machine once (data, questions, methods, settings, checkpoint), builds the `Grid`, picks the
+backend, opens the run folder for the grid's config (a new folder, or the same config resumed;
+another config is refused), writes the provenance into meta.json (slots resolved, target runtime,
+data folder), reads the answers already recorded (resume), shows one progress view and is the
+folder's one writer (`Sink`: each key once). Which methods a grid compares when none are given,
+and an ablation's variants, come from harness/runs/compare.py.
+
 A backend builds the slots and answers what is missing: `LocalBackend` here, in this process on
-one target; `harness.runs.distributed.RayBackend` as Ray tasks.
+one target, by one `Runner` per temperature and rule; `harness.runs.distributed.RayBackend` as
+Ray tasks, through the same public `Runner` calls.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,26 +31,32 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
-from harness.core.target import Target
-from harness.runs.benchmarks import Question, verify_data_dir
+from harness.core.machine_meta import OtherCpuUse
+from harness.core.target import Target, check_target_spec
+from harness.core.verify import LOSSY_RULES
+from harness.runs.benchmarks import Question, load_questions, resolve_data_dir, verify_data_dir
+from harness.runs.compare import check_arch_variants, discover_methods
 from harness.runs.config import RunConfig
 from harness.runs.metrics import attach_divergences, write_summary
-from harness.runs.record import Record
-from harness.runs.results import RunDir
-from harness.runs.runner import Runner
-from harness.runs.slots import build_slots, load_target, resolved_methods
+from harness.runs.record import Record, Steps, record_key
+from harness.runs.results import RunDir, default_run_dir
+from harness.runs.settings import check_settings
+from harness.runs.slots import MethodSlot, build_slots, load_target, method_classes, resolved_methods
 
 if TYPE_CHECKING:
     import pandas as pd
 
 PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+WARMUP_TOKENS = 16
+Answer = tuple[MethodSlot, Question, int]   # a slot's answer to one turn of one question
 
 
 @dataclass
 class Grid:
-    """A grid checked and ready to answer (harness.runs.compare.run_grid builds it)."""
+    """A grid checked and ready to answer (`run_grid` builds it)."""
 
     cfg: RunConfig                           # methods resolved; `cfg.runs()`: one Runner each
     questions: dict[str, list[Question]]     # per benchmark, loaded once
@@ -93,21 +105,78 @@ class Backend(Protocol):
         """Answer what `existing` lacks, handing every answer to `sink`."""
 
 
-def execute(grid: Grid, backend: Backend) -> Path:
-    """Run `grid` by `backend` into its run folder (resumes; see the module docstring). Returns the folder."""
+# ----------------------------------------------------------------------------- the grid
+
+def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
+             console: Console | None = None, target: Target | None = None, *, command: str = "run",
+             variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
+             train_steps: int = 0, ray: bool = False, ray_address: str | None = None, pack: bool = False) -> Path:
+    """The one path of `cli.py run`, `compare` and `ablate` (`command`, which meta.json stores):
+    check `cfg` against this machine once (data, questions, methods, settings, checkpoint), load
+    the target where the driver needs it (to find the methods, check variants, or answer), build
+    the `Grid` and run it by a backend into one run folder (see the module docstring); returns the
+    folder (resumes finished answers). User errors are raised before the target loads.
+
+    `target`: an already loaded one (tests); `variants`/`ablation`: `ablation_grid`'s; `ray`: the
+    answers as Ray tasks (harness/runs/distributed.py), `pack` letting untimed CPU cells share a
+    node, one CPU each.
+    """
+    console = console or Console(stderr=True)
+    backend: Backend = LocalBackend()
+    if ray:
+        # Imported here: Ray is optional, and distributed.py builds on this module's Grid, Sink and Runner.
+        from harness.runs.distributed import RayBackend
+
+        backend = RayBackend(ray_address, pack)  # Ray not installed: one line, before anything loads
+    elif pack:
+        raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
+    request = cfg.to_dict(command)
+    if ablation:
+        request["ablation"] = {k: ablation[k] for k in ("method", "sweep", "fixed", "grid")}
+    out = Path(out) if out else default_run_dir(request)
+    # Built-in benchmarks are read from the data folder; a run of prompt files alone needs none.
+    data_dir = resolve_data_dir(data_dir) if any(b not in cfg.prompt_files for b in cfg.benchmarks) else None
+    questions = {b: load_questions(b, data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
+    if target is None:
+        check_target_spec(cfg.target)
+    classes = checked_classes(cfg) if cfg.methods is not None else {}
+    # On Ray the workers load the target; the driver needs one only to find methods or check variants.
+    if target is None and (not ray or cfg.methods is None or variants):
+        target = load_target(cfg, console)
+    if cfg.methods is None:
+        found = discover_methods(target, cfg.settings, console)
+        console.print(f"methods: {', '.join(found)}")
+        cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
+        classes = checked_classes(cfg)
+    if variants:
+        check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
+    stored = {**request, "methods": cfg.methods}
+    if ablation:
+        stored["ablation"] = ablation
+    grid = Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target)
+    # The run, whichever backend answers: the slots, the folder and its provenance, resume, progress.
     resolved, runtime = backend.start(grid)
     run_dir = grid.run_dir
     run_dir.open({**grid.stored, "methods_resolved": resolved})
     # What the timings ran on (harness/core/runtime.py): the same config may run on either.
     run_dir.write_extra({"target_runtime": runtime})
-    if grid.data_dir is not None:
-        run_dir.write_extra({"data_dir": str(grid.data_dir), "official_prompts": verify_data_dir(grid.data_dir)})
+    if data_dir is not None:
+        run_dir.write_extra({"data_dir": str(data_dir), "official_prompts": verify_data_dir(data_dir)})
     backend.warm_up(grid)
     existing = {r.key: r for r in run_dir.read_records()}
     label, total = backend.plan(grid, existing)
-    with Progress(*PROGRESS_COLUMNS, console=grid.console, transient=False) as progress:
+    with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
         backend.answer(grid, existing, Sink(run_dir, existing, progress, progress.add_task(label, total=total)))
     return run_dir.path
+
+
+def checked_classes(cfg: RunConfig) -> dict[str, type]:
+    """The Drafter classes of `cfg`'s methods, with its --set keys and --checkpoint checked against them."""
+    classes = method_classes(cfg.methods)
+    check_settings(cfg.settings, classes)
+    if cfg.checkpoint and not any(c.trainable for c in classes.values()):
+        raise SpecbenchError("--checkpoint given, but no method of this run loads weights")
+    return classes
 
 
 class LocalBackend:
@@ -145,6 +214,131 @@ class LocalBackend:
                     rec = r.answer(slot, q, turn, existing)
                     sink.add([rec] if rec is not None else [], 1)
                 sink.summarize()
+
+
+# ----------------------------------------------------------------------------- one temperature's answers
+# The unit of work is one keyed answer (method config hash, benchmark, question, turn, temperature,
+# acceptance, seed): `Runner.answer` gives it, or None when the run folder holds it already, so a
+# killed run resumes where it stopped. The backends walk a schedule of answers through it: the
+# local one `rotation` (methods take turns per prompt), the Ray one a `cell` (one slot on one
+# benchmark). The Runner never writes: its caller is the run folder's one writer.
+
+def answer_seed(seed: int, benchmark: str, question_id: int, turn: int) -> int:
+    """Per-answer seed: sampling results never depend on the order questions run in."""
+    h = hashlib.sha256(f"{seed}:{benchmark}:{question_id}:{turn}".encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+class Runner:
+    """The answers of one RunConfig of one temperature and rule (`RunConfig.runs`): its questions
+    x `slots` (AR and the methods, or an ablation's variants). `target` is None where only keys
+    are asked (the Ray driver)."""
+
+    def __init__(self, cfg: RunConfig, questions: dict[str, list[Question]], target: Target | None,
+                 slots: list[MethodSlot]) -> None:
+        self.cfg = cfg
+        self.questions = questions
+        self.target = target
+        self.slots = slots
+        self._rotation = 0                             # prompts scheduled so far (`rotation`)
+        self._histories: dict[str, list[dict]] = {}    # each slot's conversation so far, by config hash
+
+    def total_answers(self) -> int:
+        return sum(len(q.turns) for qs in self.questions.values() for q in qs) * len(self.slots)
+
+    # ------------------------------------------------------------------ the schedules
+    def rotation(self, bench: str) -> Iterator[Answer]:
+        """Every answer on `bench`, question by question and turn by turn, the slots in an order
+        rotated per prompt so that machine drift favours no method."""
+        for q in self.questions[bench]:
+            for turn in range(len(q.turns)):
+                k = self._rotation % len(self.slots)
+                self._rotation += 1
+                for slot in self.slots[k:] + self.slots[:k]:
+                    yield slot, q, turn
+
+    def cell(self, slot: MethodSlot, bench: str) -> Iterator[Answer]:
+        """One cell: `slot`'s answers on `bench`, in question and turn order."""
+        for q in self.questions[bench]:
+            for turn in range(len(q.turns)):
+                yield slot, q, turn
+
+    def cell_keys(self, slot: MethodSlot, bench: str) -> list[str]:
+        """Record keys of one cell (a slot on one benchmark: every question and turn)."""
+        return [record_key(self._probe(slot, bench, q.question_id, turn)) for _, q, turn in self.cell(slot, bench)]
+
+    # ------------------------------------------------------------------ one answer
+    def answer(self, slot: MethodSlot, q: Question, turn: int, existing: dict[str, Record]) -> Record | None:
+        """`slot`'s answer to turn `turn` of `q`, after its own earlier turns of `q` (so a schedule
+        gives a slot's turns of one question in order, with no other question of it between);
+        None when `existing` (the run folder's records by key) holds it already."""
+        history = [] if turn == 0 else self._histories[slot.config_hash]
+        messages = history + [{"role": "user", "content": q.turns[turn]}]
+        probe = self._probe(slot, q.benchmark, q.question_id, turn)
+        key = record_key(probe)
+        rec = None
+        if key in existing:
+            out_ids = existing[key].output_ids
+        else:
+            prompt_ids = self.target.encode_chat(messages)
+            gen_cfg = GenerationConfig(self.cfg.max_new_tokens, self.cfg.sampling(), seed=probe["seed"],
+                                       record_logit_gaps=(slot.drafter is None and self.cfg.temperature == 0))
+            with OtherCpuUse() as others:
+                g = generate(self.target, prompt_ids, gen_cfg, slot.drafter)
+            rec = self._record(slot, q, turn, probe["seed"], prompt_ids, g)
+            if others.cores is not None:  # what other processes ran meanwhile: a contended answer's seconds are noisy
+                rec.other_cpu_cores = round(others.cores, 3)
+            out_ids = g.output_ids
+        # Each method continues MT-Bench turn 2 from its own turn-1 answer (variants of one
+        # method from their own: histories are keyed by config hash).
+        self._histories[slot.config_hash] = messages + [
+            {"role": "assistant", "content": self.target.decode(out_ids).strip()}]
+        return rec
+
+    def _record(self, slot: MethodSlot, q: Question, turn: int, seed: int, prompt_ids: list[int],
+                g: Generation) -> Record:
+        """The typed record of `g` (a constructor: no I/O, nothing else)."""
+        return Record(
+            method=slot.name, method_config=slot.config, config_hash=slot.config_hash,
+            checkpoint_hash=slot.checkpoint_hash, target=self.cfg.target,
+            dtype=str(self.target.dtype).replace("torch.", ""), device=str(self.target.device),
+            benchmark=q.benchmark, question_id=q.question_id, category=q.category, turn=turn,
+            temperature=float(self.cfg.temperature), top_p=float(self.cfg.top_p),
+            acceptance="none" if slot.drafter is None else self.cfg.acceptance, seed=seed,
+            lossy=slot.drafter is not None and self.cfg.acceptance in LOSSY_RULES,
+            prompt_sha256=self._prompt_file_fields(q.benchmark).get("prompt_sha256"),
+            prompt_tokens=len(prompt_ids), new_tokens=len(g.output_ids), output_ids=g.output_ids,
+            stop_reason=g.stop_reason, wall_s=round(g.wall_s, 6), prefill_s=round(g.prefill_s, 6),
+            first_token_from_prefill=True, steps=Steps.from_dict(g.steps),
+            ar_top1=None if g.top1 is None else [round(x, 5) for x in g.top1],
+            ar_gap=None if g.top1 is None else [round(x, 5) for x in g.gap])
+
+    def _prompt_file_fields(self, benchmark: str) -> dict[str, str]:
+        """A prompt file's SHA-256, which its records carry and their keys include."""
+        f = self.cfg.prompt_files.get(benchmark)
+        return {"prompt_sha256": f["sha256"]} if f else {}
+
+    def _probe(self, slot: MethodSlot, bench: str, question_id: int, turn: int) -> dict[str, Any]:
+        """The fields of an answer's record that make its key."""
+        return {"method": slot.name, "config_hash": slot.config_hash, "benchmark": bench,
+                "question_id": question_id, "turn": turn, "temperature": float(self.cfg.temperature),
+                "acceptance": "none" if slot.drafter is None else self.cfg.acceptance,
+                "seed": answer_seed(self.cfg.seed, bench, question_id, turn), **self._prompt_file_fields(bench)}
+
+    def warm_up(self) -> None:
+        """One untimed short generation per method at this temperature, so no method pays for
+        first-call costs."""
+        first = next((qs[0] for qs in self.questions.values() if qs), None)
+        if first is None:
+            return
+        ids = self.target.encode_chat([{"role": "user", "content": first.turns[0]}])
+        for slot in self.slots:
+            cfg = GenerationConfig(min(WARMUP_TOKENS, self.cfg.max_new_tokens), self.cfg.sampling(), seed=0)
+            generate(self.target, ids, cfg, slot.drafter)
+        runtimes = [self.target.runtime] + [r for s in self.slots if s.drafter is not None for r in s.drafter.runtimes()]
+        for runtime in runtimes:
+            if runtime is not None:
+                runtime.warm_up_seen()
 
 
 def write_run_summary(run_dir: RunDir) -> pd.DataFrame:

@@ -84,7 +84,7 @@ class Record:
     temperature: float
     top_p: float = 1.0
     acceptance: str                      # the verification rule; "none" for AR
-    seed: int                            # the answer's own seed (runner.answer_seed)
+    seed: int                            # the answer's own seed (executor.answer_seed)
     lossy: bool = False
     prompt_sha256: str | None = None     # a user's prompt file: its SHA-256 (part of the key)
     prompt_tokens: int | None = None
