@@ -108,15 +108,20 @@ def point_row(method: str, share: float, checkpoint: Path, run: Path) -> dict[st
     import pandas as pd
 
     training = json.loads((checkpoint / "config.json").read_text()).get("training", {})
-    evals = [row for row in map(json.loads, (checkpoint / "train_log.jsonl").read_text().splitlines())
-             if "val_acc" in row]
+    last = last_evaluation(checkpoint)
     summary = pd.read_csv(run / "summary.csv")
     cell = summary[summary["method"] == DECODED_AS.get(method, method)].iloc[0]
     return {"method": method, "decoded_as": DECODED_AS.get(method, method), "train_share": share,
             "train_tokens": training.get("train_tokens"), "steps": training.get("steps"),
-            "held_out_top1": evals[-1]["val_acc"] if evals else None,
-            "held_out_top1_step2": evals[-1].get("val_acc2") if evals else None, "tau": float(cell["tau"]), "answers": int(cell["answers"]),
+            "held_out_top1": last.get("val_acc"), "held_out_top1_step2": last.get("val_acc2"), "tau": float(cell["tau"]), "answers": int(cell["answers"]),
             "mismatches": int(cell["mismatches"]), "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
+
+
+def last_evaluation(checkpoint: Path) -> dict:
+    """The last held-out evaluation in a checkpoint's train_log.jsonl ({} if it has none)."""
+    evals = [row for row in map(json.loads, (checkpoint / "train_log.jsonl").read_text().splitlines())
+             if "val_acc" in row]
+    return evals[-1] if evals else {}
 
 
 def decode_path(path: Path) -> str:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.core.errors import unknown  # noqa: E402
-from scripts.data_curve import add_point_args, decode_run, repo_path, run_script, train_checkpoint  # noqa: E402
+from scripts.data_curve import add_point_args, decode_run, last_evaluation, repo_path, run_script, train_checkpoint  # noqa: E402
 
 RECIPE = {"ttt_steps": 3}  # the committed EAGLE-3 weights' recipe (the paper's 7 costs 2.6x per step here)
 # variant -> (method trained, its overrides on top of the recipe, method decoding it, what differs)
@@ -92,8 +92,6 @@ def variant_row(name: str, checkpoint: Path, run: Path) -> dict[str, object]:
 
     method, _, decoded, differs = VARIANTS[name]
     config = json.loads((checkpoint / "config.json").read_text())
-    evals = [row for row in map(json.loads, (checkpoint / "train_log.jsonl").read_text().splitlines())
-             if "val_acc" in row]
     answers = [r for r in attach_divergences(RunDir(run).read_records()) if r.method == decoded]
     rows = TAU.rows(answers)
     lo, hi = interval(TAU.replicates(rows, ("eagle3-parts", name)))
@@ -101,7 +99,7 @@ def variant_row(name: str, checkpoint: Path, run: Path) -> dict[str, object]:
             "arch": json.dumps(config.get("arch", {}), sort_keys=True), "parameters": config.get("parameters"),
             "train_tokens": config.get("training", {}).get("train_tokens"),
             "steps": config.get("training", {}).get("steps"),
-            "held_out_top1": evals[-1]["val_acc"] if evals else None,
+            "held_out_top1": last_evaluation(checkpoint).get("val_acc"),
             "tau": float(TAU.estimate(rows)), "tau_lo": lo, "tau_hi": hi,
             **{f"depth{d}": depth_acceptance(d).of(answers) for d in range(1, DEPTHS + 1)},
             "blocked_by_vocab": steps_blocked_by_vocab(answers, draft_vocab_ids(checkpoint)),
