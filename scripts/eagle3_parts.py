@@ -3,7 +3,7 @@ pruned draft vocabulary.
 
 Each variant is EAGLE-3's recipe with one part taken away, trained on the same share of the
 training conversations for the same optimiser steps; beside them the recipe itself and EAGLE's
-draft head (decoded as EAGLE-2) at the same data. Every point then decodes float32 MT-Bench ×10
+draft head (decoded as EAGLE-2, with its 8,192-id head or all ids) at the same data. Every point then decodes float32 MT-Bench ×10
 (128 tokens, greedy) at one tree budget. The table gives held-out top-1, τ with its 95% bootstrap
 interval and the share of verify steps accepting ≥ 1, 2, 3 drafts. Every step resumes (training
 from its last checkpoint, decoding from its last answer). Pin it to one core:
@@ -38,6 +38,8 @@ VARIANTS: dict[str, tuple[str, dict, str, str]] = {
     "vocab-16k": ("eagle3", {"draft_vocab": 16384}, "eagle3", "a 16,384-id draft vocabulary (twice the recipe's)"),
     "eagle2": ("eagle", {}, "eagle2", "EAGLE's draft head (last-layer feature, feature regression, "
                                       "8,192-id head) under EAGLE-2's tree"),
+    "eagle2-full-vocab": ("eagle", {"draft_vocab": 0}, "eagle2", "EAGLE-2 whose head covers all 49,152 ids "
+                                                                 "(no draft_ids): the vocabulary part on EAGLE-2"),
 }
 DEPTHS = 3
 

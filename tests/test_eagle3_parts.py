@@ -27,6 +27,17 @@ def test_each_eagle3_variant_changes_one_architecture_key_of_the_recipe() -> Non
         assert decoded == "eagle3"
 
 
+def test_each_eagle2_variant_is_eagle_with_at_most_one_architecture_key_changed() -> None:
+    eagle = get_method("eagle")
+    base = eagle.resolve_config({})
+    names = {name: overrides for name, (method, overrides, _, _) in parts.VARIANTS.items() if method == "eagle"}
+    assert set(names) == {"eagle2", "eagle2-full-vocab"}
+    for name, overrides in names.items():
+        cfg = eagle.resolve_config(overrides)
+        changed = {k for k in eagle.arch_keys if cfg[k] != base[k]}
+        assert changed == ({"draft_vocab"} if name == "eagle2-full-vocab" else set()), (name, changed)
+
+
 def test_report_reads_the_committed_recipe_point(tmp_path: Path) -> None:
     """The recipe's point of the data curve (same weights, same decoding settings) as the parts
     table's eagle3 row: τ, its interval around it, depth acceptance falling with depth, no answer off AR."""
