@@ -3,8 +3,8 @@ pruned draft vocabulary.
 
 Each variant is EAGLE-3's recipe with one part taken away, trained on the same share of the
 training conversations for the same optimiser steps; beside them the recipe itself and EAGLE's
-draft head (decoded as EAGLE-2, with its 8,192-id head or all ids) at the same data. Every point then decodes float32 MT-Bench ×10
-(128 tokens, greedy) at one tree budget. The table gives held-out top-1, τ with its 95% bootstrap
+draft head (decoded as EAGLE-2, with its 8,192-id head or all ids) at the same data. Every point
+then decodes float32 MT-Bench ×10 (128 tokens, greedy) at one tree budget. The table gives held-out top-1, τ with its 95% bootstrap
 interval and the share of verify steps accepting ≥ 1, 2, 3 drafts. Every step resumes (training
 from its last checkpoint, decoding from its last answer). Pin it to one core:
 
