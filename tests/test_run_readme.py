@@ -43,6 +43,16 @@ def mark_compare_meta(run_dir: Path) -> None:
     edit_json(run_dir / "meta.json", edit)
 
 
+def test_a_fresh_folder_is_not_called_resumed(tmp_path):
+    """A first start is stamped in `runs` a moment before meta.json's `date`: only later starts are resumes."""
+    run_dir = write_run(tmp_path / "fresh", methods=("pld",), temperatures=(0.0,))
+    edit_json(run_dir / "meta.json", lambda m: m.update(date="2026-01-01T00:00:01+00:00",
+                                                        runs=["2026-01-01T00:00:00+00:00"]))
+    write_report(run_dir, plots=False)
+    date = next(line for line in (run_dir / README).read_text().splitlines() if line.startswith("| Date"))
+    assert date == "| Date | 2026-01-01T00:00:01+00:00 |"
+
+
 def test_compare_folder_readme_states_command_provenance_and_contents(tmp_path):
     run_dir = write_run(tmp_path / "grid", methods=("pld", "eagle"), temperatures=(0.0, 1.0), typical=True)
     mark_compare_meta(run_dir)

@@ -146,7 +146,8 @@ def _commit(meta: dict) -> str:
 
 
 def _date(meta: dict) -> str:
-    runs = [r for r in meta.get("runs") or [] if r != meta.get("date")]
+    # runs[0] is the first start (stamped a second before collect_meta's `date`): resumes follow it
+    runs = (meta.get("runs") or [])[1:]
     date = str(meta.get("date") or "not recorded")
     return date + (f"; resumed {len(runs)}x, last {runs[-1]}" if runs else "")
 
