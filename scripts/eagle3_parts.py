@@ -4,8 +4,9 @@ pruned draft vocabulary.
 Each variant is EAGLE-3's recipe with one part taken away, trained on the same share of the
 training conversations for the same optimiser steps; beside them the recipe itself and EAGLE's
 draft head (decoded as EAGLE-2, with its 8,192-id head or all ids) at the same data. Every point
-then decodes float32 MT-Bench ×10 (128 tokens, greedy) at one tree budget. The table gives held-out top-1, τ with its 95% bootstrap
-interval and the share of verify steps accepting ≥ 1, 2, 3 drafts. Every step resumes (training
+then decodes float32 MT-Bench ×10 (128 tokens, greedy) at one tree budget. The table gives
+held-out top-1, τ with its 95% bootstrap interval and the share of verify steps accepting ≥ 1, 2,
+3 drafts. Every step resumes (training
 from its last checkpoint, decoding from its last answer). Pin it to one core:
 
     taskset -c 0 env OMP_NUM_THREADS=1 python scripts/eagle3_parts.py \\
@@ -42,6 +43,13 @@ VARIANTS: dict[str, tuple[str, dict, str, str]] = {
                                                                  "(no draft_ids): the vocabulary part on EAGLE-2"),
 }
 DEPTHS = 3
+
+
+def training_config(name: str) -> dict:
+    """The config keys variant `name` trains with: EAGLE-3's recipe (EAGLE-3 variants only) and
+    the variant's overrides on top."""
+    method, overrides, _, _ = VARIANTS[name]
+    return {**(RECIPE if method == "eagle3" else {}), **overrides}
 
 
 def draft_vocab_ids(checkpoint: Path) -> set[int] | None:
@@ -158,12 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     reuse = dict(item.partition("=")[::2] for item in args.reuse)
     target, rows = None, []
     for name in names:
-        method, overrides, decoded, _ = VARIANTS[name]
+        method, _, decoded, _ = VARIANTS[name]
         ckpt = Path(reuse[name]) if name in reuse else args.checkpoints / name
         if name not in reuse and not args.report_only:
             target = target or Target.load(args.target, dtype="auto")
-            recipe = RECIPE if method == "eagle3" else {}
-            train_checkpoint(target, method, {**recipe, **overrides}, args.share, args.steps, ckpt, console)
+            train_checkpoint(target, method, training_config(name), args.share, args.steps, ckpt, console)
         run = args.out / "runs" / name
         if not args.report_only:
             decode_run(decoded, ckpt, run, args)
