@@ -578,6 +578,10 @@ def distill(
     target: TargetOpt = "smollm2-135m",
     n: Annotated[Optional[int], typer.Option(help="cap on prompts after the mix")] = None,
     samples: Annotated[int, typer.Option(help="responses per prompt: 1 greedy + samples-1 sampled")] = 2,
+    greedy: Annotated[bool, typer.Option(
+        help="ask the greedy response too; --no-greedy: sampled ones only, for more data beside a folder that has them")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="plan seed: the math subsample, the follow-ups drawn, the samples")] = 0,
     max_new_tokens: MaxNewTokensOpt = 384,
     batch_size: Annotated[int, typer.Option(help="conversations generated together in one batch")] = 32,
     shard_size: Annotated[int, typer.Option(
@@ -594,7 +598,7 @@ def distill(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "auto",
     out: Annotated[Optional[Path], typer.Option(
-        help="folder for the shards (default datasets/distill/<target>[-followups])")] = None,
+        help="folder for the shards (default datasets/distill/<target>[-followups][-seedN][-sampled])")] = None,
     threads: ThreadsOpt = 0,
 ):
     """Have the target answer training prompts (or follow-ups to its own answers); commit-ready
@@ -607,10 +611,13 @@ def distill(
 
     set_threads(threads)
     turn2 = {"base": base or target, "followups": read_followups(followups)} if followups else {}
-    plan = DistillPlan(str(prompts), n=n, samples=samples, max_new_tokens=max_new_tokens,
-                       max_prompt_tokens=max_prompt_tokens, shard_size=shard_size, **turn2)
+    plan = DistillPlan(str(prompts), n=n, samples=samples, greedy=greedy, max_new_tokens=max_new_tokens,
+                       max_prompt_tokens=max_prompt_tokens, shard_size=shard_size, seed=seed, **turn2)
+    if not plan.sample_indices:
+        raise SpecbenchError("--no-greedy asks no response with --samples 1; use --samples 2 or more")
     tgt = Target.load(target, device, dtype)
-    out = out or Path(__file__).resolve().parent / "datasets" / "distill" / (f"{target}-followups" if followups else target)
+    name = target + ("-followups" if followups else "") + (f"-seed{seed}" if seed else "") + ("" if greedy else "-sampled")
+    out = out or Path(__file__).resolve().parent / "datasets" / "distill" / name
     with Progress(console=err) as progress:
         res = run_distill(tgt, prompts, out, plan, batch_size=batch_size, max_shards=max_shards, progress=progress)
     console.print(res)

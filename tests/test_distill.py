@@ -94,3 +94,27 @@ def test_token_ids_past_uint16_are_stored_with_four_bytes():
     assert record_ids({"response": encode_ids([5, 65_535])}) == [5, 65_535]  # records without the key: 2 bytes
     with pytest.raises(SpecbenchError, match="uint16"):
         encode_ids(ids, 2)
+
+
+def test_more_data_for_the_same_prompts_is_a_sampled_only_plan_with_another_seed(chat_target, prompt_file, tmp_path):
+    first = DistillPlan(str(prompt_file), samples=2, max_new_tokens=4, shard_size=6)
+    more = DistillPlan(str(prompt_file), samples=3, greedy=False, seed=1, max_new_tokens=4, shard_size=6)
+    # the committed folders' plan hashes cover settings without the new key
+    assert "greedy" not in first.settings() and more.settings()["greedy"] is False
+    distill(chat_target, prompt_file, tmp_path / "a", first, batch_size=6)
+    distill(chat_target, prompt_file, tmp_path / "b", more, batch_size=6)
+    a, b = load_distilled(tmp_path / "a"), load_distilled(tmp_path / "b")
+    assert sorted(r["sample"] for r in a) == [0] * 6 + [1] * 6
+    assert sorted(r["sample"] for r in b) == [1] * 6 + [2] * 6
+    assert all(r["temperature"] == 0.8 and r["seed"] is not None for r in b)
+    seeds_a = {r["seed"] for r in a if r["sample"]}
+    assert seeds_a.isdisjoint(r["seed"] for r in b)
+
+
+def test_a_sampled_only_plan_with_one_sample_is_refused():
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    res = CliRunner().invoke(app, ["distill", "--prompts", "p.jsonl", "--samples", "1", "--no-greedy"])
+    assert res.exit_code == 2 and "--samples 2" in res.output

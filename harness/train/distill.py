@@ -11,7 +11,9 @@ prompts are never stored: they are re-read from the prompt file by id.
 Prompt mix: the shared prompt file is 82% GSM8K math; the plan keeps every non-math prompt and
 subsamples math to at most `max_math_share` of the prompts. To widen the mix, each prompt gets a
 greedy response plus `samples - 1` sampled ones (T = 0.8, top-p 0.95): different continuations
-of the same prompt, which is what the draft meets when it is wrong.
+of the same prompt, which is what the draft meets when it is wrong. More data for the same prompts
+is a plan with another `seed` (another math subsample and other samples) and `greedy=False`
+(sampled responses only, as the greedy ones are already in the first folder).
 
 Second turns (`followups`): a plan can instead continue the greedy answers of a base folder (a
 sibling under datasets/distill/) with a follow-up request from a fixed list of generic
@@ -44,6 +46,7 @@ class DistillPlan:
     prompts_file: str
     n: int | None = None             # cap on prompts (after the mix); None = all
     samples: int = 2                 # responses per prompt: 1 greedy + (samples-1) sampled
+    greedy: bool = True              # False: sampled responses only (more data beside a folder that has the greedy ones)
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 384
@@ -57,11 +60,18 @@ class DistillPlan:
     def settings(self) -> dict:
         d = asdict(self)
         d["prompts_file"] = Path(self.prompts_file).name
-        if self.base is None:  # single-turn plans keep the settings (and hash) they always had
+        if self.greedy:  # plans with a greedy answer keep the settings (and hash) they always had
+            del d["greedy"]
+        if self.base is None:  # single-turn plans likewise
             del d["base"], d["followups"]
         else:
             d["followups"] = list(self.followups)
         return d
+
+    @property
+    def sample_indices(self) -> range:
+        """The responses asked per conversation: 0 is the greedy one, the rest are sampled."""
+        return range(0 if self.greedy else 1, self.samples)
 
 
 def read_followups(path: Path) -> tuple[str, ...]:
@@ -175,9 +185,9 @@ def build_jobs(target, prompts: dict[str, dict], plan: DistillPlan, convs: Conve
         ids = target.encode_chat(convs.messages(job))
         if len(ids) > plan.max_prompt_tokens:
             continue
-        for s in range(plan.samples):
+        for s in plan.sample_indices:
             jobs.append({**job, "sample": s, "prompt_len": len(ids)})
-        if plan.base is not None and plan.n and len(jobs) >= plan.n * plan.samples:
+        if plan.base is not None and plan.n and len(jobs) >= plan.n * len(plan.sample_indices):
             break
     jobs.sort(key=lambda j: (j["sample"] > 0, j["prompt_len"], j["prompt_id"], j["sample"]))
     return jobs
