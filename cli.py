@@ -613,8 +613,6 @@ def distill(
     turn2 = {"base": base or target, "followups": read_followups(followups)} if followups else {}
     plan = DistillPlan(str(prompts), n=n, samples=samples, greedy=greedy, max_new_tokens=max_new_tokens,
                        max_prompt_tokens=max_prompt_tokens, shard_size=shard_size, seed=seed, **turn2)
-    if not plan.sample_indices:
-        raise SpecbenchError("--no-greedy asks no response with --samples 1; use --samples 2 or more")
     tgt = Target.load(target, device, dtype)
     name = target + ("-followups" if followups else "") + (f"-seed{seed}" if seed else "") + ("" if greedy else "-sampled")
     out = out or Path(__file__).resolve().parent / "datasets" / "distill" / name

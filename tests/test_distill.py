@@ -116,5 +116,7 @@ def test_a_sampled_only_plan_with_one_sample_is_refused():
 
     from cli import app
 
+    with pytest.raises(SpecbenchError, match="samples >= 2"):
+        DistillPlan("p.jsonl", samples=1, greedy=False)
     res = CliRunner().invoke(app, ["distill", "--prompts", "p.jsonl", "--samples", "1", "--no-greedy"])
     assert res.exit_code == 2 and "--samples 2" in res.output

@@ -57,6 +57,11 @@ class DistillPlan:
     base: str | None = None            # follow-up plans: the sibling folder whose greedy answers they continue
     followups: tuple[str, ...] = ()    # follow-up instructions (the text itself, so the plan hash covers it)
 
+    def __post_init__(self) -> None:
+        if not self.sample_indices:
+            raise SpecbenchError(f"a plan without the greedy answer needs samples >= 2 (got {self.samples}): "
+                                 "use --samples 2 or more")
+
     def settings(self) -> dict:
         d = asdict(self)
         d["prompts_file"] = Path(self.prompts_file).name
