@@ -11,7 +11,10 @@ killed job goes on where it stopped. Pin it to one core:
         --shares 0.25,0.5 --reuse eagle@1=checkpoints/smollm2-135m/eagle --set eagle3.ttt_steps=3
 
 `--reuse method@share=folder` takes a finished checkpoint trained with the same recipe instead of
-training that point again (the committed EAGLE weights are the 1× point). The table, the plot and
+training that point again (the committed EAGLE weights are the 1× point). A reused share may
+exceed 1: weights trained with `cli.py train` on the base folders plus more distilled ones, at
+the same steps per token; every point's held-out top-1 is read on the base folders' held-out
+split (for such weights by evaluating them once, kept in the checkpoint's held_out.json). The table, the plot and
 meta.json (commit, CPU, settings) go to --out.
 """
 from __future__ import annotations
@@ -81,8 +84,13 @@ def train_checkpoint(target, method: str, overrides: dict, share: float, steps: 
     if done and json.loads((out / "config.json").read_text()).get("training", {}).get("steps") == steps:
         return out
     train_method(target, method, overrides, steps=steps, out=out, console=console, train_share=share,
-                 data=[REPO / "datasets" / "distill" / target.name, REPO / "datasets" / "distill" / f"{target.name}-followups"])
+                 data=base_data(target.name))
     return out
+
+
+def base_data(target_name: str) -> list[Path]:
+    """The distill folders a share of 1 trains on; every point's held-out top-1 is read on their held-out split."""
+    return [REPO / "datasets" / "distill" / target_name, REPO / "datasets" / "distill" / f"{target_name}-followups"]
 
 
 def decode_point(method: str, share: float, checkpoint: Path, args) -> Path:
@@ -103,18 +111,41 @@ def decode_run(method: str, checkpoint: Path, folder: Path, args) -> Path:
     return folder
 
 
-def point_row(method: str, share: float, checkpoint: Path, run: Path) -> dict[str, object]:
-    """One table row: training tokens, steps, held-out top-1 and τ of a finished point."""
+def point_row(method: str, share: float, checkpoint: Path, run: Path, held_out: dict) -> dict[str, object]:
+    """One table row: training tokens, steps, held-out top-1 (from `held_out`) and τ of a finished point."""
     import pandas as pd
 
     training = json.loads((checkpoint / "config.json").read_text()).get("training", {})
-    last = last_evaluation(checkpoint)
+    last = held_out
     summary = pd.read_csv(run / "summary.csv")
     cell = summary[summary["method"] == DECODED_AS.get(method, method)].iloc[0]
     return {"method": method, "decoded_as": DECODED_AS.get(method, method), "train_share": share,
             "train_tokens": training.get("train_tokens"), "steps": training.get("steps"),
             "held_out_top1": last.get("val_acc"), "held_out_top1_step2": last.get("val_acc2"), "tau": float(cell["tau"]), "answers": int(cell["answers"]),
             "mismatches": int(cell["mismatches"]), "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
+
+
+def held_out_metrics(method: str, checkpoint: Path, target_name: str, load_target) -> dict:
+    """The point's held-out metrics on the base data's held-out split: its training log's last
+    evaluation when it trained on the base folders, else `held_out.json` in the checkpoint,
+    made once here by evaluating its weights (`load_target()` gives the target for that)."""
+    from harness.core.paths import repo_relative
+
+    base = [repo_relative(f) for f in base_data(target_name)]
+    training = json.loads((checkpoint / "config.json").read_text()).get("training", {})
+    if [d["folder"] for d in training.get("data", [])] == base:
+        return last_evaluation(checkpoint)
+    cached = checkpoint / "held_out.json"
+    if cached.exists() and json.loads(cached.read_text()).get("data") == base:
+        return json.loads(cached.read_text())["metrics"]
+    from harness.core.machine_meta import collect_meta
+    from harness.train.pipeline import evaluate_checkpoint
+
+    metrics = evaluate_checkpoint(load_target(), method, checkpoint, base_data(target_name))
+    meta = collect_meta()
+    cached.write_text(json.dumps({"data": base, "metrics": metrics, "made_by": {
+        k: meta.get(k) for k in ("commit", "dirty", "cpu_kind", "torch")}}, indent=2) + "\n")
+    return metrics
 
 
 def last_evaluation(checkpoint: Path) -> dict:
@@ -152,20 +183,24 @@ def main(argv: list[str] | None = None) -> int:
         method, _, share = point.partition("@")
         reuse[(method, float(share))] = Path(folder)
     points = sorted({(m, s) for m in args.methods.split(",") if m for s in shares} | set(reuse))
-    target = None
+    targets: list = []
+
+    def load_target():  # once, and only if a point needs it
+        targets[:] = targets or [Target.load(args.target, dtype="auto")]
+        return targets[0]
+
     rows = []
     for method, share in points:
         ckpt = reuse.get((method, share))
         if ckpt is None:
             ckpt = args.checkpoints / point_name(method, share)
             if not args.report_only:
-                target = target or Target.load(args.target, dtype="auto")
-                ckpt = train_point(target, method, share, args, console)
+                ckpt = train_point(load_target(), method, share, args, console)
         run = args.out / "runs" / point_name(method, share)
         if not args.report_only:
             run = decode_point(method, share, ckpt, args)
         if (run / "summary.csv").exists() and (ckpt / "config.json").exists():
-            rows.append(point_row(method, share, ckpt, run))
+            rows.append(point_row(method, share, ckpt, run, held_out_metrics(method, ckpt, args.target, load_target)))
     write_curve(rows, args.out, {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
     console.print(f"data curve: {len(rows)} points in {args.out}")
     return 0

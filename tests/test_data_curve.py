@@ -38,6 +38,8 @@ def test_train_shares_nest_and_keep_the_held_out_split() -> None:
     assert {opening(s) for s in quarter.train} < {opening(s) for s in half.train} < {opening(s) for s in full.train}
     assert 0.15 < len(quarter.train) / len(full.train) < 0.35
     assert 0.38 < len(half.train) / len(full.train) < 0.62
+    held_out_only = FeatureDataset([shard], train_share=0.0)
+    assert held_out_only.train == [] and [opening(s) for s in held_out_only.valid] == [opening(s) for s in full.valid]
 
 
 class FakeTarget:
@@ -109,3 +111,68 @@ def test_dataset_keeps_its_own_copies_and_reads_a_generator() -> None:
 def opening_of(shard: dict, i: int) -> tuple[int, ...]:
     a = int(shard["offsets"][i])
     return tuple(shard["input_ids"][a : a + 8].long().tolist())
+
+
+def test_a_checkpoint_is_evaluated_as_its_training_evaluated_it(tiny_target, tmp_path: Path, monkeypatch) -> None:
+    """evaluate_checkpoint reads saved weights on the held-out split of the data it is given
+    (loading no training conversations) with the batches and autocast of the checkpoint's own
+    training: it gets the trainer's held-out metrics of the weights as stored (bf16)."""
+    from harness.train import pipeline
+    from harness.train.trainer import TrainConfig, Trainer, held_out_metrics
+    from methods.common.checkpoint_io import read_weights
+    from methods.eagle import Eagle
+    from tests.train_helpers import tiny_dataset
+
+    data = tiny_dataset(tiny_target, n=48, new_tokens=24)
+    cfg = TrainConfig(steps=30, lr=3e-3, warmup=5, tokens_per_batch=512, max_len=64, save_every=10_000,
+                      eval_every=10_000, eval_batches=4, autocast="off")
+    drafter = Eagle(tiny_target)
+    trained = Trainer(drafter, data, cfg, tmp_path / "ck").train()
+    drafter.load_state_strictly(read_weights(tmp_path / "ck" / "model.safetensors"), tmp_path)
+    as_stored = held_out_metrics(drafter, data.valid, cfg, bf16=False)
+    asked = []
+
+    def held_out_split(target, folders, prompts, console, shards, layers, train_share):
+        asked.append((folders, train_share))
+        return data
+
+    monkeypatch.setattr(pipeline, "load_dataset", held_out_split)
+    got = pipeline.evaluate_checkpoint(tiny_target, "eagle", tmp_path / "ck", [Path("some/folder")])
+    assert asked == [([Path("some/folder")], 0.0)]
+    assert set(got) == {k for k in trained if k.startswith("val_")}
+    for k, v in got.items():
+        assert abs(v - as_stored[k]) < 1e-6, k  # the same computation on the same values
+        # the trainer's own figure used the float32 master weights: bf16 storage moves a loss by ~1e-4
+        assert abs(v - trained[k]) < 2e-3 * max(1.0, abs(trained[k])) or k == "val_acc", k
+    with pytest.raises(Exception, match="no config.json"):
+        pipeline.evaluate_checkpoint(tiny_target, "eagle", tmp_path / "nothing", None)
+
+
+def test_held_out_of_a_point_comes_from_its_log_or_one_evaluation_on_the_base_split(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """A point trained on the base folders reads its log's last evaluation; one trained on more
+    data is evaluated once on the base split (held_out.json), then read from that file."""
+    from harness.train import pipeline
+    from scripts import data_curve
+
+    def checkpoint(name: str, folders: list[str]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"training": {"data": [{"folder": f} for f in folders]}}))
+        (folder / "train_log.jsonl").write_text('{"step": 100, "val_acc": 0.4}\n{"step": 150, "acc": 0.6}\n'
+                                                '{"step": 200, "val_acc": 0.5}\n')
+        return folder
+
+    base = ["datasets/distill/smollm2-135m", "datasets/distill/smollm2-135m-followups"]
+    calls = []
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint",
+                        lambda target, method, folder, data: calls.append((method, data)) or {"val_acc": 0.55})
+    no_target = lambda: pytest.fail("a point trained on the base folders needs no target")  # noqa: E731
+    assert data_curve.held_out_metrics("eagle", checkpoint("base", base), "smollm2-135m", no_target)["val_acc"] == 0.5
+    grown = checkpoint("grown", base + ["datasets/distill/smollm2-135m-seed1-sampled"])
+    assert data_curve.held_out_metrics("eagle", grown, "smollm2-135m", lambda: "target") == {"val_acc": 0.55}
+    assert [(m, [data_curve.repo_path(f) for f in d]) for m, d in calls] == [("eagle", base)]
+    saved = json.loads((grown / "held_out.json").read_text())
+    assert saved["data"] == base and saved["metrics"] == {"val_acc": 0.55} and "commit" in saved["made_by"]
+    assert data_curve.held_out_metrics("eagle", grown, "smollm2-135m", no_target) == {"val_acc": 0.55}
+    assert len(calls) == 1

@@ -63,6 +63,33 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
     return {**result, "out": str(out)}
 
 
+def evaluate_checkpoint(target, method: str, folder: Path, data: list[Path] | None = None,
+                        prompts: Path = DEFAULT_PROMPTS, console: Console | None = None) -> dict[str, float]:
+    """Held-out metrics (`val_acc`, ...) of the trained specbench checkpoint in `folder` on the
+    held-out split of `data` (default datasets/distill/<target>), with the batches and autocast
+    its training evaluated with, so weights trained on other data are read on the same split.
+    The weights are the stored (bf16) ones: under bf16 autocast that is what training's
+    evaluation multiplied with too; without it a loss moves by ~1e-4."""
+    import dataclasses
+
+    from harness.train.trainer import TrainConfig, held_out_metrics
+    from methods.common.checkpoint_io import read_config, read_weights
+    from methods.registry import get_method
+
+    cls = get_method(method)
+    if not (folder / "config.json").exists():
+        raise SpecbenchError(f"{folder}: no config.json there; point it at a trained specbench checkpoint")
+    meta = read_config(folder)
+    cls.check_meta(meta, folder, target)
+    drafter = cls(target, meta.get("arch", {}))
+    drafter.load_state_strictly(read_weights(folder / "model.safetensors"), folder / "model.safetensors")  # float32, as trained
+    training = meta.get("training") or {}
+    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in (training.get("config") or {}).items() if k in keys})
+    held_out = load_dataset(target, data, prompts, console, None, drafter.target_layers() or None, train_share=0.0)
+    return held_out_metrics(drafter, held_out.valid, cfg, bool(training.get("bf16_autocast", False)))
+
+
 def distill_folders(target, data: list[Path] | None) -> list[Path]:
     """The distill folders to train on: those given, else datasets/distill/<target>."""
     from harness.core.paths import REPO_ROOT

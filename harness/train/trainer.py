@@ -59,6 +59,37 @@ def session_record(step: int) -> dict:
     return {"from_step": step, **{k: meta.get(k) for k in keep}, "torch": torch.__version__}
 
 
+def to_device(batch, device: torch.device):
+    """`batch` (a DistillBatch) with its tensors moved to `device`."""
+    for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask", "layer_features"):
+        if getattr(batch, name) is not None:
+            setattr(batch, name, getattr(batch, name).to(device))
+    return batch
+
+
+def autocast_loss(drafter, batch, bf16: bool) -> dict[str, torch.Tensor]:
+    """The drafter's loss terms on `batch`, under bf16 autocast when `bf16`."""
+    with torch.autocast(drafter.target.device.type, dtype=torch.bfloat16, enabled=bf16):
+        return drafter.loss(batch)
+
+
+@torch.no_grad()
+def held_out_metrics(drafter, valid: list, cfg: TrainConfig, bf16: bool) -> dict[str, float]:
+    """The mean of each loss term (`val_<term>`: val_acc is next-token top-1) over the first
+    `cfg.eval_batches` batches of the held-out sequences, in one fixed order; leaves `drafter` in eval mode."""
+    drafter.eval()
+    sums: dict[str, float] = {}
+    n = 0
+    for i, batch in enumerate(batches(valid, cfg.tokens_per_batch, cfg.max_len, 12345, 0)):
+        if i >= cfg.eval_batches:
+            break
+        out = autocast_loss(drafter, to_device(batch, drafter.target.device), bf16)
+        for k, v in out.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n += 1
+    return {f"val_{k}": v / max(1, n) for k, v in sums.items()}
+
+
 class Trainer:
     def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
                  console: Console | None = None, prior: dict | None = None,
@@ -154,31 +185,18 @@ class Trainer:
         return batch
 
     def _to(self, batch):
-        for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask", "layer_features"):
-            if getattr(batch, name) is not None:
-                setattr(batch, name, getattr(batch, name).to(self.device))
-        return batch
+        return to_device(batch, self.device)
 
     def _loss(self, batch) -> dict[str, torch.Tensor]:
         # Epoch-scheduled loss terms (Gumiho's MLP CE) count the passes of a warm start's checkpoint too.
         self.drafter.train_epoch = self.epoch + (self.prior or {}).get("epochs", 0)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self.drafter.loss(batch)
+        return autocast_loss(self.drafter, batch, self.bf16)
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.drafter.eval()
-        sums: dict[str, float] = {}
-        n = 0
-        for i, batch in enumerate(batches(self.data.valid, self.cfg.tokens_per_batch, self.cfg.max_len, 12345, 0)):
-            if i >= self.cfg.eval_batches:
-                break
-            out = self._loss(self._to(batch))
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            n += 1
+        self.drafter.train_epoch = self.epoch + (self.prior or {}).get("epochs", 0)
+        out = held_out_metrics(self.drafter, self.data.valid, self.cfg, self.bf16)
         self.drafter.train()
-        return {f"val_{k}": v / max(1, n) for k, v in sums.items()}
+        return out
 
     def _log(self, row: dict) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
