@@ -18,6 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.core.timing import Clock
 from harness.train.data import FeatureDataset, batches
+from harness.train.memory import release_free_heap, resident_gib
+
+TRIM_EVERY = 10  # steps between heap trims (memory.py says why)
 
 
 @dataclass
@@ -240,6 +243,11 @@ class Trainer:
                                "tokens": batch.tokens, "seconds": round(self.seconds, 2), **shown}
                         if self.prior:  # a warm start's log continues its checkpoint's step count
                             row["total_step"] = self.prior["steps"] + self.step
+                        if self.step % TRIM_EVERY == 0:
+                            release_free_heap()
+                        rss = resident_gib()
+                        if rss is not None:
+                            row["rss_gib"] = round(rss, 2)
                         if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
                             row.update(self.evaluate())
                         self._log(row)
