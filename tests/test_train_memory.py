@@ -26,3 +26,26 @@ def test_every_log_row_says_the_resident_memory(tiny_target, tmp_path) -> None:
     train_quickly(Medusa(tiny_target), tiny_dataset(tiny_target, n=32, new_tokens=16), tmp_path, steps=12)
     rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(0.01 < row["rss_gib"] < 1024 for row in rows)
+
+
+def test_a_dropped_trainer_frees_its_dataset_without_a_garbage_collection(tiny_target, tmp_path) -> None:
+    """No reference cycle through the trainer: a script that trains and then decodes in one process
+    (data_curve, eagle3_parts, ablate) gets the features' memory back when training returns."""
+    import gc
+    import weakref
+
+    from harness.train.trainer import TrainConfig, Trainer
+    from methods.medusa import Medusa
+    from tests.train_helpers import tiny_dataset
+
+    data = tiny_dataset(tiny_target, n=32, new_tokens=16)
+    cfg = TrainConfig(steps=3, warmup=1, tokens_per_batch=512, max_len=64, eval_batches=1, autocast="off")
+    gc.disable()
+    try:
+        trainer = Trainer(Medusa(tiny_target), data, cfg, tmp_path)
+        trainer.train()
+        alive = weakref.ref(trainer)
+        del trainer
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -7,6 +7,7 @@ sees the same batches as an uninterrupted one), held-out evaluation and a progre
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -62,6 +63,14 @@ def session_record(step: int) -> dict:
     return {"from_step": step, **{k: meta.get(k) for k in keep}, "torch": torch.__version__}
 
 
+def lr_factor(cfg: TrainConfig, step: int) -> float:
+    """The learning rate at `step` as a share of the peak: linear warm-up, then cosine to min_lr_ratio."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
 def to_device(batch, device: torch.device):
     """`batch` (a DistillBatch) with its tensors moved to `device`."""
     for name in ("input_ids", "features", "target_features", "loss_mask", "attention_mask", "layer_features"):
@@ -107,7 +116,10 @@ class Trainer:
         self.console = console or Console(stderr=True)
         self.params = [p for p in drafter.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
+        # A function of the config, not a bound method: the scheduler then holds no reference to
+        # this trainer, so the trainer and its dataset (GBs of features) are freed as soon as it
+        # is dropped instead of at the next cyclic garbage collection.
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, functools.partial(lr_factor, cfg))
         self.device = drafter.target.device
         self.clock = Clock(drafter.target.devices)  # a step's seconds include its queued GPU work
         self.bf16 = _use_bf16(cfg.autocast, self.device)
@@ -116,12 +128,6 @@ class Trainer:
         self.batch_in_epoch = 0
         self.seconds = 0.0
         self._rng = torch.get_rng_state()  # RNG as of the start of the next step: resume is exact
-
-    def _lr_factor(self, step: int) -> float:
-        if step < self.cfg.warmup:
-            return (step + 1) / self.cfg.warmup
-        t = (step - self.cfg.warmup) / max(1, self.cfg.steps - self.cfg.warmup)
-        return self.cfg.min_lr_ratio + (1 - self.cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
     # ------------------------------------------------------------------ state
     @property
