@@ -144,7 +144,7 @@ def held_out_metrics(method: str, checkpoint: Path, target_name: str, load_targe
     metrics = evaluate_checkpoint(load_target(), method, checkpoint, base_data(target_name))
     meta = collect_meta()
     cached.write_text(json.dumps({"data": base, "metrics": metrics, "made_by": {
-        k: meta.get(k) for k in ("commit", "dirty", "cpu_kind", "torch")}}, indent=2) + "\n")
+        k: meta.get(k) for k in ("commit", "dirty", "date", "cpu_kind")}}, indent=2) + "\n")
     return metrics
 
 
