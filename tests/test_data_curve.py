@@ -80,6 +80,10 @@ def test_curve_table_and_plot(tmp_path: Path) -> None:
     assert frame["train_share"].tolist() == [0.25, 1.0]
     table = (tmp_path / "curve.md").read_text()
     assert "| EAGLE | EAGLE-2 | 0.25 | 242,921 | 375 | 0.500 |  | 1.90 | 20 (0) |" in table
+    assert "equal passes over its data)." in table and "share above 1" not in table
+    grown = {**rows[0], "train_share": 1.51, "train_tokens": 1471932, "steps": 2300}
+    write_curve(rows + [grown], tmp_path, {"steps": 1500})
+    assert "a share above 1 trains on more distilled folders" in (tmp_path / "curve.md").read_text()
     assert (tmp_path / "curve.png").stat().st_size > 10_000
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["settings"]["steps"] == 1500 and "cpu_kind" in meta["machine"]

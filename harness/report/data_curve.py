@@ -26,7 +26,10 @@ def curve_markdown(frame: pd.DataFrame, settings: dict[str, Any]) -> str:
              f"and τ ({settings.get('benchmark')} ×{settings.get('limit')}, {settings.get('max_new_tokens')} tokens, "
              f"{settings.get('dtype')}, greedy, tree budget {settings.get('tree_budget')}) against training answer "
              f"tokens; each point trains {settings.get('steps')} × share optimiser steps on that share of the "
-             f"training conversations (equal passes over its data).", "",
+             f"training conversations (equal passes over its data)"
+             + ("; a share above 1 trains on more distilled folders besides (its checkpoint's config.json lists "
+                "them), and every held-out top-1 is read on the 1× data's held-out split."
+                if (frame["train_share"] > 1).any() else "."), "",
              "| drafter | decoded as | share | answer tokens | steps | held-out top-1 | step 2 | τ | answers (≠ AR) |",
              "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     for r in frame.itertuples():
