@@ -4,9 +4,10 @@ Training batches vary in shape, so glibc's heap fragments: freed blocks stay res
 ones of other sizes are carved elsewhere. A 1,500-step EAGLE-3 training grew ~30 MB per step
 (10 GB at step 500 to 20 GB at step 1,335, where the OOM killer ended it on a 24 GB machine).
 Serving every block >= 64 KiB by mmap (MALLOC_MMAP_THRESHOLD_=65536) held it flat at 9-10.5 GB
-but cost 10-20% per step (fresh pages are zeroed on first touch). Trimming the heap every few
-steps returns the free pages at a fraction of that cost; each train-log row's `rss_gib` shows
-whether a run's memory holds.
+but cost 10-20% per step (fresh pages are zeroed on first touch). Trimming the heap every 10
+steps returns the free pages instead: an EAGLE-3 training on 1.47 M tokens falls back to
+11.5-12.0 GiB at each trim over its first 80 steps, peaking at 15-17.7 GiB in between. Each
+train-log row's `rss_gib` shows whether a run's memory holds.
 """
 from __future__ import annotations
 
