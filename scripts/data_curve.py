@@ -14,12 +14,13 @@ killed job goes on where it stopped. Pin it to one core:
 training that point again (the committed EAGLE weights are the 1× point). A reused share may
 exceed 1: weights trained with `cli.py train` on the base folders plus more distilled ones, at
 the same steps per token; every point's held-out top-1 is read on the base folders' held-out
-split (for such weights by evaluating them once, kept in the checkpoint's held_out.json). The table, the plot and
-meta.json (commit, CPU, settings) go to --out.
+split (for such weights by evaluating them once, kept in the checkpoint's held_out.json). The
+table, the plot and meta.json (commit, CPU, settings) go to --out.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -116,12 +117,12 @@ def point_row(method: str, share: float, checkpoint: Path, run: Path, held_out: 
     import pandas as pd
 
     training = json.loads((checkpoint / "config.json").read_text()).get("training", {})
-    last = held_out
     summary = pd.read_csv(run / "summary.csv")
     cell = summary[summary["method"] == DECODED_AS.get(method, method)].iloc[0]
     return {"method": method, "decoded_as": DECODED_AS.get(method, method), "train_share": share,
             "train_tokens": training.get("train_tokens"), "steps": training.get("steps"),
-            "held_out_top1": last.get("val_acc"), "held_out_top1_step2": last.get("val_acc2"), "tau": float(cell["tau"]), "answers": int(cell["answers"]),
+            "held_out_top1": held_out.get("val_acc"), "held_out_top1_step2": held_out.get("val_acc2"),
+            "tau": float(cell["tau"]), "answers": int(cell["answers"]),
             "mismatches": int(cell["mismatches"]), "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
 
 
@@ -183,11 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         method, _, share = point.partition("@")
         reuse[(method, float(share))] = Path(folder)
     points = sorted({(m, s) for m in args.methods.split(",") if m for s in shares} | set(reuse))
-    targets: list = []
-
-    def load_target():  # once, and only if a point needs it
-        targets[:] = targets or [Target.load(args.target, dtype="auto")]
-        return targets[0]
+    load_target = functools.cache(lambda: Target.load(args.target, dtype="auto"))  # once, if a point needs it
 
     rows = []
     for method, share in points:

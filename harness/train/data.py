@@ -79,9 +79,9 @@ class FeatureDataset:
                  layers: list[int] | None = None, train_share: float = 1.0) -> None:
         """`layers`: also keep these extra layers' inputs (shard keys `layer_<i>`, see features.py);
         `train_share`: train on this share of the training conversations (the data curve; 0 keeps
-        the held-out set alone); the held-out set is the same whatever the share. Each kept conversation gets its own copy, so
-        a shard (and what a share leaves out) is freed as soon as the next one is read: give a
-        generator of shards to hold one at a time."""
+        the held-out set alone); the held-out set is the same whatever the share. Each kept
+        conversation gets its own copy, so a shard (and what a share leaves out) is freed as soon
+        as the next one is read: give a generator of shards to hold one at a time."""
         self.train: list[Sequence] = []
         self.valid: list[Sequence] = []
         for shard in shards:

@@ -82,7 +82,8 @@ def evaluate_checkpoint(target, method: str, folder: Path, data: list[Path] | No
     meta = read_config(folder)
     cls.check_meta(meta, folder, target)
     drafter = cls(target, meta.get("arch", {}))
-    drafter.load_state_strictly(read_weights(folder / "model.safetensors"), folder / "model.safetensors")  # float32, as trained
+    weights = folder / "model.safetensors"
+    drafter.load_state_strictly(read_weights(weights), weights)  # into float32 parameters, as trained
     training = meta.get("training") or {}
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in (training.get("config") or {}).items() if k in keys})

@@ -196,13 +196,16 @@ class Trainer:
     def _to(self, batch):
         return to_device(batch, self.device)
 
-    def _loss(self, batch) -> dict[str, torch.Tensor]:
+    def _tell_epoch(self) -> None:
         # Epoch-scheduled loss terms (Gumiho's MLP CE) count the passes of a warm start's checkpoint too.
         self.drafter.train_epoch = self.epoch + (self.prior or {}).get("epochs", 0)
+
+    def _loss(self, batch) -> dict[str, torch.Tensor]:
+        self._tell_epoch()
         return autocast_loss(self.drafter, batch, self.bf16)
 
     def evaluate(self) -> dict[str, float]:
-        self.drafter.train_epoch = self.epoch + (self.prior or {}).get("epochs", 0)
+        self._tell_epoch()
         out = held_out_metrics(self.drafter, self.data.valid, self.cfg, self.bf16)
         self.drafter.train()
         return out
