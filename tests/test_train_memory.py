@@ -18,6 +18,22 @@ def test_trim_and_resident_size_work_on_linux() -> None:
     assert release_free_heap() is True  # glibc: musl-based Linux would need this relaxed
 
 
+def test_the_trimmer_trims_only_after_the_set_growth(monkeypatch) -> None:
+    from harness.train import memory
+
+    sizes = iter([10.0, 12.0, 14.5, 11.0, 13.0, 15.2, 10.5])  # resident GiB, one per read
+    trims = []
+    monkeypatch.setattr(memory, "resident_gib", lambda: next(sizes))
+    monkeypatch.setattr(memory, "release_free_heap", lambda: trims.append(1) or True)
+    heap = memory.HeapTrimmer(growth_gib=4.0)  # floor 10
+    assert heap.after_step() == 12.0 and not trims
+    assert heap.after_step() == 14.5 and len(trims) == 1 and heap.floor == 11.0  # grew > 4: trimmed, new floor
+    assert heap.after_step() == 13.0 and len(trims) == 1
+    assert heap.after_step() == 15.2 and len(trims) == 2 and heap.floor == 10.5
+    monkeypatch.setattr(memory, "resident_gib", lambda: None)  # off Linux: never trims
+    assert memory.HeapTrimmer(4.0).after_step() is None and len(trims) == 2
+
+
 @linux
 def test_every_log_row_says_the_resident_memory(tiny_target, tmp_path) -> None:
     from methods.medusa import Medusa

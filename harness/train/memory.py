@@ -4,10 +4,13 @@ Training batches vary in shape, so glibc's heap fragments: freed blocks stay res
 ones of other sizes are carved elsewhere. A 1,500-step EAGLE-3 training grew ~30 MB per step
 (10 GB at step 500 to 20 GB at step 1,335, where the OOM killer ended it on a 24 GB machine).
 Serving every block >= 64 KiB by mmap (MALLOC_MMAP_THRESHOLD_=65536) held it flat at 9-10.5 GB
-but cost 10-20% per step (fresh pages are zeroed on first touch). Trimming the heap every 10
-steps returns the free pages instead: an EAGLE-3 training on 1.47 M tokens falls back to
-11.5-12.0 GiB at each trim over its first 80 steps, peaking at 15-17.7 GiB in between. Each
-train-log row's `rss_gib` shows whether a run's memory holds.
+but cost 10-20% per step (fresh pages are zeroed on first touch). Trimming the heap returns the
+free pages instead: an EAGLE-3 training on 1.47 M tokens fell back to 11.5-12.0 GiB at each trim
+when it trimmed every 10 steps, but rose to 18.6 GiB in between (the first step after a trim
+touches ~3 GiB afresh, each later one ~0.3 GiB more). So the trainer trims whenever its resident
+set has grown `TRIM_GROWTH_GIB` since the last trim: above one step's working set, so it does not
+pay the refill every step, and below what would crowd a second job out. Each train-log row's
+`rss_gib` shows whether a run's memory holds.
 """
 from __future__ import annotations
 
@@ -42,3 +45,20 @@ def resident_gib() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+class HeapTrimmer:
+    """Trims the heap when the resident set has grown `growth_gib` since the last trim (call
+    `after_step` once per training step); does nothing where resident memory cannot be read."""
+
+    def __init__(self, growth_gib: float) -> None:
+        self.growth_gib = growth_gib
+        self.floor = resident_gib()
+
+    def after_step(self) -> float | None:
+        """The resident GiB this step ended with (before any trim), trimming if it has grown enough."""
+        rss = resident_gib()
+        if rss is not None and self.floor is not None and rss > self.floor + self.growth_gib:
+            release_free_heap()
+            self.floor = resident_gib()
+        return rss

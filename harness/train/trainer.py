@@ -19,9 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harness.core.timing import Clock
 from harness.train.data import FeatureDataset, batches
-from harness.train.memory import release_free_heap, resident_gib
+from harness.train.memory import HeapTrimmer
 
-TRIM_EVERY = 10  # steps between heap trims (memory.py says why)
+TRIM_GROWTH_GIB = 4.0  # trim the heap when training's resident set grew this much (memory.py says why)
 
 
 @dataclass
@@ -220,6 +220,7 @@ class Trainer:
         if self.step < self.cfg.steps:
             self.sessions.append(session_record(self.step))
         self.drafter.train()
+        heap = HeapTrimmer(TRIM_GROWTH_GIB)
         cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[losses]}")]
         try:
@@ -252,9 +253,7 @@ class Trainer:
                                "tokens": batch.tokens, "seconds": round(self.seconds, 2), **shown}
                         if self.prior:  # a warm start's log continues its checkpoint's step count
                             row["total_step"] = self.prior["steps"] + self.step
-                        if self.step % TRIM_EVERY == 0:
-                            release_free_heap()
-                        rss = resident_gib()
+                        rss = heap.after_step()
                         if rss is not None:
                             row["rss_gib"] = round(rss, 2)
                         if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
