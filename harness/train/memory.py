@@ -9,8 +9,9 @@ free pages instead: an EAGLE-3 training on 1.47 M tokens fell back to 11.5-12.0 
 when it trimmed every 10 steps, but rose to 18.6 GiB in between (the first step after a trim
 touches ~3 GiB afresh, each later one ~0.3 GiB more). So the trainer trims whenever its resident
 set has grown `TRIM_GROWTH_GIB` since the last trim: above one step's working set, so it does not
-pay the refill every step, and below what would crowd a second job out. Each train-log row's
-`rss_gib` shows whether a run's memory holds.
+pay the refill every step, and below what would crowd a second job out. With it the same
+training held 13.4-16.7 GiB over steps 101-195 at 6.4 s/step (6.6 with the 10-step trim). Each
+train-log row's `rss_gib` shows whether a run's memory holds.
 """
 from __future__ import annotations
 
