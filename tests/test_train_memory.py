@@ -21,7 +21,7 @@ def test_trim_and_resident_size_work_on_linux() -> None:
 def test_the_trimmer_trims_only_after_the_set_growth(monkeypatch) -> None:
     from harness.train import memory
 
-    sizes = iter([10.0, 12.0, 14.5, 11.0, 13.0, 15.2, 10.5])  # resident GiB, one per read
+    sizes = iter([10.0, 12.0, 14.5, 11.0, 13.0, 15.2, 10.5, 9.0])  # resident GiB, one per read
     trims = []
     monkeypatch.setattr(memory, "resident_gib", lambda: next(sizes))
     monkeypatch.setattr(memory, "release_free_heap", lambda: trims.append(1) or True)
@@ -30,8 +30,10 @@ def test_the_trimmer_trims_only_after_the_set_growth(monkeypatch) -> None:
     assert heap.after_step() == 14.5 and len(trims) == 1 and heap.floor == 11.0  # grew > 4: trimmed, new floor
     assert heap.after_step() == 13.0 and len(trims) == 1
     assert heap.after_step() == 15.2 and len(trims) == 2 and heap.floor == 10.5
+    heap.trim()  # after an evaluation or a checkpoint: trims whatever the growth, new floor
+    assert len(trims) == 3 and heap.floor == 9.0
     monkeypatch.setattr(memory, "resident_gib", lambda: None)  # off Linux: never trims
-    assert memory.HeapTrimmer(4.0).after_step() is None and len(trims) == 2
+    assert memory.HeapTrimmer(4.0).after_step() is None and len(trims) == 3
 
 
 @linux

@@ -256,11 +256,15 @@ class Trainer:
                         rss = heap.after_step()
                         if rss is not None:
                             row["rss_gib"] = round(rss, 2)
-                        if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
+                        evaluate = self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps
+                        if evaluate:
                             row.update(self.evaluate())
                         self._log(row)
-                        if self.step % self.cfg.save_every == 0:
+                        save = self.step % self.cfg.save_every == 0
+                        if save:
                             self.save()
+                        if evaluate or save:
+                            heap.trim()  # evaluation and saving leave their own freed blocks behind
                     else:
                         self.epoch += 1
                         self.batch_in_epoch = 0
