@@ -126,7 +126,7 @@ def point_row(method: str, share: float, checkpoint: Path, run: Path, held_out: 
             "mismatches": int(cell["mismatches"]), "checkpoint": repo_path(checkpoint), "run": repo_path(run)}
 
 
-def held_out_metrics(method: str, checkpoint: Path, target_name: str, load_target) -> dict:
+def point_held_out(method: str, checkpoint: Path, target_name: str, load_target) -> dict:
     """The point's held-out metrics on the base data's held-out split: its training log's last
     evaluation when it trained on the base folders, else `held_out.json` in the checkpoint,
     made once here by evaluating its weights (`load_target()` gives the target for that)."""
@@ -137,8 +137,9 @@ def held_out_metrics(method: str, checkpoint: Path, target_name: str, load_targe
     if [d["folder"] for d in training.get("data", [])] == base:
         return last_evaluation(checkpoint)
     cached = checkpoint / "held_out.json"
-    if cached.exists() and json.loads(cached.read_text()).get("data") == base:
-        return json.loads(cached.read_text())["metrics"]
+    kept = json.loads(cached.read_text()) if cached.exists() else {}
+    if kept.get("data") == base:
+        return kept["metrics"]
     from harness.core.machine_meta import collect_meta
     from harness.train.pipeline import evaluate_checkpoint
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             run = decode_point(method, share, ckpt, args)
         if (run / "summary.csv").exists() and (ckpt / "config.json").exists():
-            rows.append(point_row(method, share, ckpt, run, held_out_metrics(method, ckpt, args.target, load_target)))
+            rows.append(point_row(method, share, ckpt, run, point_held_out(method, ckpt, args.target, load_target)))
     write_curve(rows, args.out, {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
     console.print(f"data curve: {len(rows)} points in {args.out}")
     return 0

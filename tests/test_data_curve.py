@@ -172,11 +172,11 @@ def test_held_out_of_a_point_comes_from_its_log_or_one_evaluation_on_the_base_sp
     monkeypatch.setattr(pipeline, "evaluate_checkpoint",
                         lambda target, method, folder, data: calls.append((method, data)) or {"val_acc": 0.55})
     no_target = lambda: pytest.fail("a point trained on the base folders needs no target")  # noqa: E731
-    assert data_curve.held_out_metrics("eagle", checkpoint("base", base), "smollm2-135m", no_target)["val_acc"] == 0.5
+    assert data_curve.point_held_out("eagle", checkpoint("base", base), "smollm2-135m", no_target)["val_acc"] == 0.5
     grown = checkpoint("grown", base + ["datasets/distill/smollm2-135m-seed1-sampled"])
-    assert data_curve.held_out_metrics("eagle", grown, "smollm2-135m", lambda: "target") == {"val_acc": 0.55}
+    assert data_curve.point_held_out("eagle", grown, "smollm2-135m", lambda: "target") == {"val_acc": 0.55}
     assert [(m, [data_curve.repo_path(f) for f in d]) for m, d in calls] == [("eagle", base)]
     saved = json.loads((grown / "held_out.json").read_text())
     assert saved["data"] == base and saved["metrics"] == {"val_acc": 0.55} and "commit" in saved["made_by"]
-    assert data_curve.held_out_metrics("eagle", grown, "smollm2-135m", no_target) == {"val_acc": 0.55}
+    assert data_curve.point_held_out("eagle", grown, "smollm2-135m", no_target) == {"val_acc": 0.55}
     assert len(calls) == 1

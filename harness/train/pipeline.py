@@ -73,22 +73,38 @@ def evaluate_checkpoint(target, method: str, folder: Path, data: list[Path] | No
     import dataclasses
 
     from harness.train.trainer import TrainConfig, held_out_metrics
-    from methods.common.checkpoint_io import read_config, read_weights
     from methods.registry import get_method
 
     cls = get_method(method)
-    if not (folder / "config.json").exists():
-        raise SpecbenchError(f"{folder}: no config.json there; point it at a trained specbench checkpoint")
-    meta = read_config(folder)
-    cls.check_meta(meta, folder, target)
+    meta = trained_meta(cls, folder, target)
     drafter = cls(target, meta.get("arch", {}))
-    weights = folder / "model.safetensors"
-    drafter.load_state_strictly(read_weights(weights), weights)  # into float32 parameters, as trained
+    load_master_weights(drafter, folder)
     training = meta.get("training") or {}
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in (training.get("config") or {}).items() if k in keys})
     held_out = load_dataset(target, data, prompts, console, None, drafter.target_layers() or None, train_share=0.0)
     return held_out_metrics(drafter, held_out.valid, cfg, bool(training.get("bf16_autocast", False)))
+
+
+def trained_meta(cls, folder: Path, target, option: str = "") -> dict[str, Any]:
+    """config.json of the trained specbench checkpoint of `cls` in `folder`, checked against
+    `target`; a folder without one is refused (`option`: the flag that named the folder)."""
+    from methods.common.checkpoint_io import read_config
+
+    if not (folder / "config.json").exists():
+        raise SpecbenchError(f"{option}{folder}: no config.json there; point it at a trained specbench checkpoint")
+    meta = read_config(folder)
+    cls.check_meta(meta, folder, target)
+    return meta
+
+
+def load_master_weights(drafter, folder: Path) -> None:
+    """The checkpoint's stored weights into `drafter`'s float32 parameters, as training holds them
+    (LearnedDrafter.from_pretrained casts to the target's dtype for decoding instead)."""
+    from methods.common.checkpoint_io import read_weights
+
+    file = folder / "model.safetensors"
+    drafter.load_state_strictly(read_weights(file), file)
 
 
 def distill_folders(target, data: list[Path] | None) -> list[Path]:
@@ -125,18 +141,13 @@ def warm_start(drafter, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     import json
 
     from harness.core.paths import repo_relative
-    from methods.common.checkpoint_io import read_config, read_weights
 
-    if not (folder / "config.json").exists():
-        raise SpecbenchError(f"--init-from {folder}: no config.json there; point it at a trained specbench checkpoint")
-    meta = read_config(folder)
-    drafter.check_meta(meta, folder, drafter.target)
+    meta = trained_meta(type(drafter), folder, drafter.target, "--init-from ")
     arch = {k: config[k] for k in drafter.arch_keys}
     if meta.get("arch") != arch:
         raise SpecbenchError(f"--init-from {folder} holds architecture {meta.get('arch')}, not {arch}: "
                              f"warm-start only from the same architecture")
-    file = folder / "model.safetensors"
-    drafter.load_state_strictly(read_weights(file), file)  # keeps the float32 master weights
+    load_master_weights(drafter, folder)
     training = meta.get("training") or {}
     epochs = training.get("total_epochs", training.get("epochs"))
     if epochs is None:  # checkpoints written before the summary counted epochs: read the log
