@@ -132,7 +132,7 @@ def test_summary_csv_and_tables_come_from_one_computation(run_dir, monkeypatch):
         assert mean.tau == pytest.approx(np.mean([by_bench[b].tau for b in stats.run.benchmarks]))
     monkeypatch.setattr(metrics.RatioOfSums, "estimate", lambda self, rows, weights=None: np.asarray(7.0))
     assert set(summarize(RunDir(run_dir).read_records()).tau) == {7.0}
-    cells = statistics.main_cells(load_run(run_dir), resamples=0)
+    cells = compute_stats(load_run(run_dir), resamples=0).cells
     assert {c.tau for by_bench in cells.values() for c in by_bench.values()} == {7.0}
     from harness.runs.regress import run_cells
 
@@ -140,11 +140,17 @@ def test_summary_csv_and_tables_come_from_one_computation(run_dir, monkeypatch):
 
 
 def test_a_rebuild_computes_the_statistics_once(run_dir, monkeypatch):
+    """Tables, plots and the folder's README render one computation: a rebuild draws exactly the
+    bootstrap replicates that one `compute_stats` draws."""
     calls = []
-    real = statistics.main_cells
-    monkeypatch.setattr(statistics, "main_cells", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = metrics.RatioOfSums.replicates
+    monkeypatch.setattr(metrics.RatioOfSums, "replicates", lambda *a, **k: calls.append(1) or real(*a, **k))
+    compute_stats(load_run(run_dir))
+    once = len(calls)
+    assert once > 0
+    calls.clear()
     paths = write_report(run_dir, ci=True)
-    assert len(calls) == 1
+    assert len(calls) == once
     assert {p.parent.name for p in paths if p.name != "README.md"} == {"tables", "plots"}
 
 

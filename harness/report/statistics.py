@@ -113,17 +113,6 @@ def _cell_id(row: Row, *column: Any) -> tuple:
     return (row.temperature, row.method, row.config_hash, row.acceptance, *column)
 
 
-def main_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> dict[Row, dict[str, Cell]]:
-    """{row: {benchmark | "mean": Cell}} for every non-AR row."""
-    ar = ar_by_prompt(run.records)
-    out: dict[Row, dict[str, Cell]] = {}
-    for row in run.rows:
-        cells = {b: cell_stats(run.row_records(row, b), ar, _cell_id(row, b), resamples) for b in run.benchmarks}
-        cells[MEAN] = mean_cell([cells[b] for b in run.benchmarks])
-        out[row] = cells
-    return out
-
-
 @dataclass
 class ColumnCells:
     """Per row, τ and speedup over columns other than the benchmarks: the categories of a prompt
@@ -292,7 +281,7 @@ class RunStats:
     """Everything the tables and plots of a run show, computed once (the bootstrap included)."""
 
     run: RunData
-    cells: dict[Row, dict[str, Cell]]    # main_cells
+    cells: dict[Row, dict[str, Cell]]    # {row: {benchmark | MEAN: Cell}}, every non-AR row
     curves: dict[Row, list[float]]       # depth_curves, unrounded (the depth plot draws them)
     main: pd.DataFrame
     cost: pd.DataFrame
@@ -303,8 +292,13 @@ class RunStats:
 
 
 def compute_stats(run: RunData, resamples: int = N_BOOTSTRAP) -> RunStats:
-    """The statistics of a loaded run folder (`load_run`): what `cli.py table` and `cli.py plot` render."""
-    cells = main_cells(run, resamples)
+    """The statistics of a loaded run folder (`load_run`): what `cli.py table` and `cli.py plot` render.
+    The main cells first: per row, one `cell_stats` per benchmark and their `mean_cell`."""
+    ar = ar_by_prompt(run.records)
+    cells = {}
+    for row in run.rows:
+        by_bench = {b: cell_stats(run.row_records(row, b), ar, _cell_id(row, b), resamples) for b in run.benchmarks}
+        cells[row] = {**by_bench, MEAN: mean_cell(list(by_bench.values()))}
     curves = depth_curves(run)
     turns = turn_cells(run, resamples)
     return RunStats(run, cells, curves, main_frame(cells), cost_frame(run, resamples), depth_frame(run, curves),

@@ -148,31 +148,6 @@ def _pooled_tokens_per_verify(by_column: dict[str, Cell], columns: list[str]) ->
     return sum(c.draft_tokens for c in cells) / steps if steps else math.nan
 
 
-def _main_lines(cells: dict[Row, dict[str, Cell]], rows: list[Row], ci: bool, columns: list[str]) -> list[list[str]]:
-    """Cell texts with BOLD_* / DAGGER placeholders."""
-    marks = {(b, m): emphasis({r: cells[r][b] for r in rows}, rows, m) for b in columns for m in ("speedup", "tau")}
-    lines = []
-    for row in rows:
-        line = [row.label]
-        for b in columns:
-            c = cells[row][b]
-            for metric, suffix in (("speedup", "×"), ("tau", "")):
-                value = getattr(c, metric)
-                text = _num(value, 2, suffix)
-                if ci and np.isfinite(value):
-                    lo, hi = getattr(c, f"{metric}_ci")
-                    text += f" [{_num(lo)}, {_num(hi)}]"
-                mark = marks[(b, metric)].get(row)
-                if mark == "best":
-                    text = f"{BOLD_OPEN}{text}{BOLD_CLOSE}"
-                elif mark == "tie":
-                    text += DAGGER
-                line.append(text)
-        line.append(_num(_pooled_tokens_per_verify(cells[row], columns), 1))
-        lines.append(line)
-    return lines
-
-
 def main_caption(run: RunData, cells: dict[Row, dict[str, Cell]], columns: list[str], ci: bool) -> str:
     """What every number and mark of the main table means, and where it was measured."""
     answers = [c.answers for by in cells.values() for b, c in by.items() if b != MEAN]
@@ -184,54 +159,53 @@ def main_caption(run: RunData, cells: dict[Row, dict[str, Cell]], columns: list[
     return note
 
 
-def _main_header(columns: list[str], title: Callable[[str], str], row_title: str) -> list[str]:
-    header = [row_title]
-    for b in columns:
-        header += [f"{title(b)} Speedup", f"{title(b)} τ"]
-    return header + ["Tokens/verify"]
-
-
-def main_markdown(run: RunData, cells: dict[Row, dict[str, Cell]], ci: bool = False,
-                  row_title: str = "Method", columns: list[str] | None = None,
-                  titles: dict[str, str] | None = None) -> str:
-    """The paper-style table: a Speedup and a τ column per benchmark (or per `columns`, printed as
-    `titles`) and the row's Tokens/verify, one block per temperature, then the caption."""
+def main_text(run: RunData, cells: dict[Row, dict[str, Cell]], kind: str, ci: bool = False,
+              row_title: str = "Method", columns: list[str] | None = None,
+              titles: dict[str, str] | None = None) -> str:
+    """The paper-style table in markdown (`kind` 'md'; `ci`: intervals in brackets) or booktabs
+    LaTeX ('tex'): a Speedup and a τ column per benchmark (or per `columns`, printed as `titles`),
+    the row's Tokens/verify (pooled over the row's answers), one block per temperature, and the
+    caption (below the markdown; comment lines above the tabular). Emphasis per column and metric:
+    `emphasis`."""
     columns = run.columns if columns is None else columns
     title = (lambda c: titles[c]) if titles else benchmark_title
-    header = _main_header(columns, title, row_title)
-    out = []
+    ci = ci and kind == "md"
+    caption = main_caption(run, cells, columns, ci)
+    header = [row_title, *[f"{title(b)} {m}" for b in columns for m in ("Speedup", "τ")], "Tokens/verify"]
+    out = [] if kind == "md" else [
+        "% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
+        *_tex_caption(caption), "\\begin{tabular}{l" + "rr" * len(columns) + "r}", "\\toprule",
+        " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(title(b))}}}" for b in columns) + " & \\\\",
+        " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
+        _tex_escape(row_title) + " & " + " & ".join(["Speedup & $\\tau$"] * len(columns)) + " & Tokens/verify \\\\"]
     for t in run.temperatures:
         rows = [r for r in run.rows if r.temperature == t]
         if not rows:
             continue
-        out += [f"**{_block_title(t, rows)}**", ""]
-        lines = [[_md_marks(x) for x in line] for line in _main_lines(cells, rows, ci, columns)]
-        out += _md_table(header, lines, "l" + "r" * (len(header) - 1))
-        out.append("")
-    out.append(main_caption(run, cells, columns, ci))
-    return "\n".join(out) + "\n"
-
-
-def main_latex(run: RunData, cells: dict[Row, dict[str, Cell]], row_title: str = "Method",
-               columns: list[str] | None = None, titles: dict[str, str] | None = None) -> str:
-    columns = run.columns if columns is None else columns
-    title = (lambda c: titles[c]) if titles else benchmark_title
-    ncol = 2 + 2 * len(columns)
-    out = ["% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
-           *_tex_caption(main_caption(run, cells, columns, False)),
-           "\\begin{tabular}{l" + "rr" * len(columns) + "r}", "\\toprule",
-           " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(title(b))}}}" for b in columns)
-           + " & \\\\",
-           " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
-           _tex_escape(row_title) + " & " + " & ".join(["Speedup & $\\tau$"] * len(columns)) + " & Tokens/verify \\\\"]
-    for t in run.temperatures:
-        rows = [r for r in run.rows if r.temperature == t]
-        if not rows:
-            continue
-        out += ["\\midrule", f"\\multicolumn{{{ncol}}}{{l}}{{\\textit{{{_tex_escape(_block_title(t, rows))}}}}} \\\\"]
-        for line in _main_lines(cells, rows, False, columns):
-            out.append(" & ".join(_tex_escape(x) for x in line) + " \\\\")
-    out += ["\\bottomrule", "\\end{tabular}"]
+        marks = {(b, m): emphasis({r: cells[r][b] for r in rows}, rows, m) for b in columns for m in ("speedup", "tau")}
+        lines = []
+        for row in rows:
+            line = [row.label]
+            for b in columns:
+                for metric, suffix in (("speedup", "×"), ("tau", "")):
+                    value = getattr(cells[row][b], metric)
+                    text = _num(value, 2, suffix)
+                    if ci and np.isfinite(value):
+                        lo, hi = getattr(cells[row][b], f"{metric}_ci")
+                        text += f" [{_num(lo)}, {_num(hi)}]"
+                    mark = marks[(b, metric)].get(row)
+                    line.append(f"{BOLD_OPEN}{text}{BOLD_CLOSE}" if mark == "best" else
+                                text + DAGGER if mark == "tie" else text)
+            line.append(_num(_pooled_tokens_per_verify(cells[row], columns), 1))
+            lines.append(line)
+        if kind == "md":
+            out += [f"**{_block_title(t, rows)}**", ""]
+            out += _md_table(header, [[_md_marks(x) for x in line] for line in lines], "l" + "r" * (len(header) - 1))
+            out.append("")
+        else:
+            out += ["\\midrule", f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{_tex_escape(_block_title(t, rows))}}}}} \\\\"]
+            out += [" & ".join(_tex_escape(x) for x in line) + " \\\\" for line in lines]
+    out += [caption] if kind == "md" else ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(out) + "\n"
 
 
@@ -342,14 +316,14 @@ def write_tables(stats: RunStats, ci: bool = False) -> list[Path]:
     main = "ablation" if run.ablation else "main"
     title = "Variant" if run.ablation else "Method"
     paths = [
-        _write(out / f"{main}.md", main_markdown(run, stats.cells, ci, title)),
-        _write(out / f"{main}.tex", main_latex(run, stats.cells, title)),
+        _write(out / f"{main}.md", main_text(run, stats.cells, "md", ci, title)),
+        _write(out / f"{main}.tex", main_text(run, stats.cells, "tex", ci, title)),
         _csv(stats.main, out / f"{main}.csv"),
     ]
     if stats.categories is not None:
         cat = stats.categories
-        paths += [_write(out / "categories.md", main_markdown(run, cat.cells, ci, title, cat.columns, cat.titles)),
-                  _write(out / "categories.tex", main_latex(run, cat.cells, title, cat.columns, cat.titles)),
+        paths += [_write(out / "categories.md", main_text(run, cat.cells, "md", ci, title, cat.columns, cat.titles)),
+                  _write(out / "categories.tex", main_text(run, cat.cells, "tex", ci, title, cat.columns, cat.titles)),
                   _csv(category_frame(cat), out / "categories.csv")]
     frames = [("cost", stats.cost, cost_text), ("depth", stats.depth, depth_text)]
     if not stats.turns.empty:
