@@ -120,6 +120,27 @@ def _tex_caption(text: str) -> list[str]:
     return lines + [line]
 
 
+def _layout(kind: str, header: list[str], align: str, blocks: list[tuple[str, list[list[str]]]], caption: str,
+            tex_header: list[str] | None = None) -> str:
+    """Every table's text: one block per (title, lines) under `header`, in markdown (`kind` 'md',
+    the caption below) or booktabs LaTeX ('tex', the caption as comment lines above the tabular;
+    `tex_header`: header lines other than `header` itself). Cell texts may hold the emphasis
+    placeholders."""
+    if kind == "md":
+        out = []
+        for title, lines in blocks:
+            out += [f"**{title}**", ""] + _md_table(header, [[_md_marks(x) for x in line] for line in lines], align)
+            out.append("")
+        return "\n".join(out + [caption]) + "\n"
+    out = ["% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
+           *_tex_caption(caption), "\\begin{tabular}{" + align + "}", "\\toprule",
+           *(tex_header or [" & ".join(_tex_escape(h) for h in header) + " \\\\"])]
+    for title, lines in blocks:
+        out += ["\\midrule", f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{_tex_escape(title)}}}}} \\\\"]
+        out += [" & ".join(_tex_escape(x) for x in line) + " \\\\" for line in lines]
+    return "\n".join(out + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+
+
 # ----------------------------------------------------------------------------- main table
 
 def emphasis(cells: dict[Row, Cell], rows: list[Row], metric: str) -> dict[Row, str]:
@@ -170,14 +191,12 @@ def main_text(run: RunData, cells: dict[Row, dict[str, Cell]], kind: str, ci: bo
     columns = run.columns if columns is None else columns
     title = (lambda c: titles[c]) if titles else benchmark_title
     ci = ci and kind == "md"
-    caption = main_caption(run, cells, columns, ci)
     header = [row_title, *[f"{title(b)} {m}" for b in columns for m in ("Speedup", "τ")], "Tokens/verify"]
-    out = [] if kind == "md" else [
-        "% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
-        *_tex_caption(caption), "\\begin{tabular}{l" + "rr" * len(columns) + "r}", "\\toprule",
-        " & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(title(b))}}}" for b in columns) + " & \\\\",
-        " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
-        _tex_escape(row_title) + " & " + " & ".join(["Speedup & $\\tau$"] * len(columns)) + " & Tokens/verify \\\\"]
+    # LaTeX: a Speedup and a τ column under each benchmark's title.
+    tex_header = [" & " + " & ".join(f"\\multicolumn{{2}}{{c}}{{{_tex_escape(title(b))}}}" for b in columns) + " & \\\\",
+                  " ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(columns))),
+                  _tex_escape(row_title) + " & " + " & ".join(["Speedup & $\\tau$"] * len(columns)) + " & Tokens/verify \\\\"]
+    blocks = []
     for t in run.temperatures:
         rows = [r for r in run.rows if r.temperature == t]
         if not rows:
@@ -198,42 +217,21 @@ def main_text(run: RunData, cells: dict[Row, dict[str, Cell]], kind: str, ci: bo
                                 text + DAGGER if mark == "tie" else text)
             line.append(_num(_pooled_tokens_per_verify(cells[row], columns), 1))
             lines.append(line)
-        if kind == "md":
-            out += [f"**{_block_title(t, rows)}**", ""]
-            out += _md_table(header, [[_md_marks(x) for x in line] for line in lines], "l" + "r" * (len(header) - 1))
-            out.append("")
-        else:
-            out += ["\\midrule", f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{_tex_escape(_block_title(t, rows))}}}}} \\\\"]
-            out += [" & ".join(_tex_escape(x) for x in line) + " \\\\" for line in lines]
-    out += [caption] if kind == "md" else ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(out) + "\n"
+        blocks.append((_block_title(t, rows), lines))
+    return _layout(kind, header, "l" + "r" * (len(header) - 1), blocks, main_caption(run, cells, columns, ci), tex_header)
 
 
 # ----------------------------------------------------------------------------- per-row tables
 
 def _grouped(frame: pd.DataFrame, render: Callable[[dict], list[str]], header: list[str], align: str,
              kind: str, caption: str) -> str:
-    """Markdown (kind 'md') or booktabs LaTeX ('tex') of a per-row frame, one block per temperature,
-    with its caption (below the markdown; comment lines above the tabular)."""
-    out: list[str] = []
-    if kind == "tex":
-        out += ["% specbench table (rebuild: python cli.py table RUN_DIR); needs \\usepackage{booktabs}",
-                *_tex_caption(caption), "\\begin{tabular}{" + align + "}", "\\toprule",
-                " & ".join(_tex_escape(h) for h in header) + " \\\\"]
+    """Markdown (kind 'md') or booktabs LaTeX ('tex') of a per-row frame, one block per temperature."""
+    blocks = []
     for t, block in frame.groupby("temperature", sort=True):
-        lines = [render(rec) for rec in block.to_dict("records")]
         rules = sorted(set(block["acceptance"]) - {"none"})
         title = f"Temperature {fmt_temperature(t)}" + (f" ({', '.join(rules)})" if rules else "")
-        if kind == "md":
-            out += [f"**{title}**", ""] + _md_table(header, lines, align) + [""]
-        else:
-            out += ["\\midrule", f"\\multicolumn{{{len(header)}}}{{l}}{{\\textit{{{_tex_escape(title)}}}}} \\\\"]
-            out += [" & ".join(_tex_escape(x) for x in line) + " \\\\" for line in lines]
-    if kind == "tex":
-        out += ["\\bottomrule", "\\end{tabular}"]
-    else:
-        out.append(caption)
-    return "\n".join(out) + "\n"
+        blocks.append((title, [render(rec) for rec in block.to_dict("records")]))
+    return _layout(kind, header, align, blocks, caption)
 
 
 def _interval_text(value: float, lo: float, hi: float) -> str:
