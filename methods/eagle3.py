@@ -216,8 +216,8 @@ class Eagle3(EagleCore):
     @torch.no_grad()
     def teacher(self, target_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's next-token distribution at every position, renormalised over the draft
-        vocab ([B, T, n]), and whether its top-1 over the whole vocab is in the draft vocab
-        ([B, T], float): target_features [B, T, H] are the target's last normed hidden states."""
+        vocab ([..., n]), and whether its top-1 over the whole vocab is in the draft vocab
+        ([...], float): target_features [..., H] are the target's last normed hidden states."""
         lead, h = target_features.shape[:-1], target_features.shape[-1]
         flat = target_features.reshape(-1, h)
         ids = self.draft_ids() if self.d2t is not None else None
@@ -227,7 +227,7 @@ class Eagle3(EagleCore):
         for s in range(0, flat.shape[0], rows):
             z = self.target.project(flat[s : s + rows].to(self.target.dtype)).float()
             if ids is not None:
-                keep[s : s + rows] = self.t2d[z.argmax(-1)].float()
+                keep[s : s + rows] = self.t2d[z.max(-1).indices].float()  # = argmax, ~3x faster on CPU
                 z = z[:, ids]
             probs[s : s + rows] = z.softmax(-1)
         return probs.reshape(*lead, -1), keep.reshape(lead)
@@ -283,17 +283,24 @@ class Eagle3(EagleCore):
     def loss(self, batch) -> dict[str, torch.Tensor]:
         """Σ_s 0.8^s soft CE of step s against the target's distribution over the draft vocab, on
         answer positions whose target top-1 is in the draft vocab; per step its CE (`ploss`,
-        `ploss2`, ...) and top-1 agreement (`acc`, `acc2`, ...)."""
-        probs, keep = self.teacher(batch.target_features)
-        weight = batch.loss_mask * batch.attention_mask * keep
+        `ploss2`, ...) and top-1 agreement (`acc`, `acc2`, ...). Only positions that carry loss
+        are projected, by the target's head and by the draft's: prompt and padding rows are a
+        third or more of a batch, and the two heads most of a step's cost."""
+        weight = batch.loss_mask * batch.attention_mask
+        b, t = (weight > 0).nonzero(as_tuple=True)  # the positions whose next token is trained on
+        probs, keep = self.teacher(batch.target_features[b, t])  # [N, n], [N]
+        w = weight[b, t] * keep
         total = probs.new_zeros(())
         out: dict[str, torch.Tensor] = {}
         for s, x in enumerate(self.unroll(batch)):
-            p, w = shifted(probs, 1 + s), shifted(weight, 1 + s)
-            logits = self.lm_head(self.norm(x)).float()
-            count = w.sum().clamp_min(1.0)
-            ce = (-(p * logits.log_softmax(-1)).sum(-1) * w).sum() / count
-            acc = ((logits.argmax(-1) == p.argmax(-1)).float() * w).sum() / count
+            # Step s at index i predicts what the target predicts at position i + 1 + s.
+            reach = t >= 1 + s
+            count = w[reach].sum().clamp_min(1.0)
+            rows = reach & (w > 0)
+            logits = self.lm_head(self.norm(x[b[rows], t[rows] - 1 - s])).float()
+            p, wr = probs[rows], w[rows]
+            ce = (-(p * logits.log_softmax(-1)).sum(-1) * wr).sum() / count
+            acc = ((logits.argmax(-1) == p.argmax(-1)).float() * wr).sum() / count
             total = total + TTT_DECAY ** s * ce
             sfx = "" if s == 0 else str(s + 1)
             out.update({f"ploss{sfx}": ce.detach(), f"acc{sfx}": acc.detach()})

@@ -162,6 +162,31 @@ def test_ttt_loss_decreases_on_a_tiny_batch(target7):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+def test_ttt_loss_projects_only_loss_rows_and_equals_the_dense_sum(target7):
+    """The loss gathers the positions that carry loss before either head projects them; it equals
+    the dense sum over every position with prompt, padding and out-of-vocab rows weighted 0."""
+    from harness.train.data import collate
+    from methods.eagle3 import shifted
+
+    torch.manual_seed(1)
+    d = Eagle3(target7, {"ttt_steps": 3, "draft_vocab": 48})
+    data = eagle3_dataset(target7, d.target_layers(), n=6, new_tokens=16)
+    d.set_draft_vocab(torch.arange(48))
+    batch = collate(data.train[:4], 64)
+    assert 0 < float((batch.loss_mask * batch.attention_mask).mean()) < 1  # prompts and padding present
+    got = d.loss(batch)
+    with torch.no_grad():
+        probs, keep = d.teacher(batch.target_features)
+        weight = batch.loss_mask * batch.attention_mask * keep
+        total = 0.0
+        for s, x in enumerate(d.unroll(batch)):
+            p, w = shifted(probs, 1 + s), shifted(weight, 1 + s)
+            ce = (-(p * d.lm_head(d.norm(x)).float().log_softmax(-1)).sum(-1) * w).sum() / w.sum()
+            assert abs(float(got["ploss" + ("" if s == 0 else str(s + 1))]) - float(ce)) < 1e-5
+            total += 0.8 ** s * float(ce)
+    assert abs(float(got["loss"].detach()) - total) < 1e-5
+
+
 def test_teacher_masks_top1_outside_the_draft_vocab(target7):
     d = Eagle3(target7, {"draft_vocab": 32})
     d.set_draft_vocab(torch.arange(0, 64, 2))
