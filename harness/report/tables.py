@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -97,9 +97,10 @@ def _md_marks(text: str) -> str:
     return text.replace(BOLD_OPEN, "**").replace(BOLD_CLOSE, "**").replace(DAGGER, "†")
 
 
-def _block_title(t: float, rows: list[Row]) -> str:
-    rules = sorted({r.acceptance for r in rows})
-    return f"Temperature {fmt_temperature(t)} ({', '.join(rules)})"
+def _block_title(t: float, acceptance: Iterable[str]) -> str:
+    """A temperature block's title with the acceptance rules of its rows (AR's "none" left out)."""
+    rules = sorted(set(acceptance) - {"none"})
+    return f"Temperature {fmt_temperature(t)}" + (f" ({', '.join(rules)})" if rules else "")
 
 
 def _md_table(header: list[str], lines: list[list[str]], align: str) -> list[str]:
@@ -217,7 +218,7 @@ def main_text(run: RunData, cells: dict[Row, dict[str, Cell]], kind: str, ci: bo
                                 text + DAGGER if mark == "tie" else text)
             line.append(_num(_pooled_tokens_per_verify(cells[row], columns), 1))
             lines.append(line)
-        blocks.append((_block_title(t, rows), lines))
+        blocks.append((_block_title(t, (r.acceptance for r in rows)), lines))
     return _layout(kind, header, "l" + "r" * (len(header) - 1), blocks, main_caption(run, cells, columns, ci), tex_header)
 
 
@@ -228,9 +229,7 @@ def _grouped(frame: pd.DataFrame, render: Callable[[dict], list[str]], header: l
     """Markdown (kind 'md') or booktabs LaTeX ('tex') of a per-row frame, one block per temperature."""
     blocks = []
     for t, block in frame.groupby("temperature", sort=True):
-        rules = sorted(set(block["acceptance"]) - {"none"})
-        title = f"Temperature {fmt_temperature(t)}" + (f" ({', '.join(rules)})" if rules else "")
-        blocks.append((title, [render(rec) for rec in block.to_dict("records")]))
+        blocks.append((_block_title(t, block["acceptance"]), [render(rec) for rec in block.to_dict("records")]))
     return _layout(kind, header, align, blocks, caption)
 
 
