@@ -26,8 +26,10 @@ err = Console(stderr=True)
 def main() -> None:
     """Benchmark speculative decoders on one common code path."""
     from harness.core.allocator import keep_freed_memory
+    from harness.core.stopping import interrupt_on_stop_signals
 
     keep_freed_memory()  # big tensors reuse heap memory instead of being page-faulted in anew
+    interrupt_on_stop_signals()  # `kill PID` saves a training's resume state like Ctrl-C
 
 
 # Options shared by several commands, declared once; each command gives the default.
@@ -96,7 +98,7 @@ def friendly(fn):
             err.print(f"[red]error:[/] {e}", soft_wrap=True)
             raise typer.Exit(2)
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted:[/] finished answers are saved; rerun the same command to resume")
+            err.print("[yellow]interrupted:[/] finished work is saved; rerun the same command to resume")
             raise typer.Exit(130)
     return wrapper
 

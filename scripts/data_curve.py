@@ -205,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_script(main) -> None:
-    """Exit with main()'s code; a SpecbenchError (bad input) is one line and exit code 2."""
+    """Exit with main()'s code; a SpecbenchError (bad input) is one line and exit code 2; SIGTERM
+    stops it like Ctrl-C (a training point saves its resume state)."""
+    from harness.core.stopping import interrupt_on_stop_signals
+
+    interrupt_on_stop_signals()
     try:
         sys.exit(main())
     except SpecbenchError as e:

@@ -1,5 +1,6 @@
 """Broken checkpoints and killed runs, as a user meets them: one line with exit code 2 naming the
-file and the fix, and a `kill -9` that loses no finished answer and duplicates none on resume."""
+file and the fix, a `kill -9` that loses no finished answer and duplicates none on resume, and a
+`kill` that stops work the way Ctrl-C does."""
 from __future__ import annotations
 
 import json
@@ -107,3 +108,24 @@ def test_kill_9_then_a_torn_line_then_resume_gives_every_record_once(smollm2_fp3
     assert sorted(resumed) == sorted(ref)
     assert all(ref[r["key"]] == r["output_ids"] for r in RunDir(out).records())
     assert json.loads((out / "meta.json").read_text())["runs"][1:]  # the resume is on record
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_kill_stops_like_ctrl_c_even_when_the_shell_ignored_sigint(stop):
+    """What the CLI installs: SIGTERM, and a SIGINT that `cmd &` in a script leaves ignored, raise
+    KeyboardInterrupt, the exception on which a trainer saves its resume state."""
+    work = ("import sys, time\n"
+            "from harness.core.stopping import interrupt_on_stop_signals\n"
+            "interrupt_on_stop_signals()\n"
+            "print('ready', flush=True)\n"
+            "try:\n    time.sleep(60)\n"
+            "except KeyboardInterrupt:\n    print('saved', flush=True)\n    sys.exit(130)\n")
+    proc = subprocess.Popen([sys.executable, "-c", work], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(stop)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (out, proc.returncode) == ("saved\n", 130)

@@ -272,7 +272,7 @@ class Trainer:
                             raise RuntimeError("no training sequences")
         except KeyboardInterrupt:
             self.save()
-            self.console.print(f"[yellow]interrupted[/]: saved step {self.step}; rerun the same command to resume")
+            self.console.print(f"[yellow]interrupted[/]: saved step {self.step}")  # the CLI says how to resume
             raise
         final = self.evaluate()
         self.save()
