@@ -60,3 +60,21 @@ def test_contest_tau_is_pooled_over_the_answers_like_every_table():
     res = contest(None, [(10, 2), (1, 1)], 16, {"fake": fake}, repeats=2)
     assert res["fake"]["tau"] == 11 / 3
     assert res["fake"]["tok_s"] == 11 / 1.0 and res["fake"]["outputs"] == [[0] * 10, [0]]
+
+
+def test_bench_names_a_missing_prompt_folder_before_it_measures(tmp_path, monkeypatch):
+    """The AR comparison needs MT-Bench prompts, read after minutes of cost-curve timing: a wrong
+    --data-dir must fail first, before the target is even loaded."""
+    from rich.console import Console
+
+    from harness.core.errors import SpecbenchError
+    from harness.runs import bench
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before the prompt folder was checked")
+
+    monkeypatch.setattr(bench.Target, "load", no_load)
+    with pytest.raises(SpecbenchError, match="does not exist"):
+        bench.run_bench(target="smollm2-135m", dtype="float32", device="cpu", contexts=[256], sizes=[1, 2],
+                        repeats=1, ar_prompts=3, max_new_tokens=8, pld=False, contest_benchmarks=[],
+                        contest_prompts=0, data_dir=tmp_path / "missing", out=None, console=Console(quiet=True))

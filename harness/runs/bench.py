@@ -189,6 +189,8 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         console.print(f"[yellow]warning:[/] {warn}")
     if 1 not in sizes:
         raise SpecbenchError("--sizes must include 1 (the ratios are taken against a 1-token step)")
+    # The prompts are needed only after minutes of measurement: a missing folder fails now instead.
+    data = resolve_data_dir(data_dir) if (ar_prompts or pld or assisted) else None
     with console.status(f"loading {target}"):
         tgt = Target.load(target, device, dtype)
     eager_runtime = tgt.runtime  # the default: packed weights, no compile (None where the layers need transformers')
@@ -221,8 +223,6 @@ def run_bench(*, target: str, dtype: str, device: str, contexts: list[int], size
         table.add_row(str(ctx), *[f"{row[k]:.1f} ({row[k] / row[1]:.2f}x)" for k in sizes])
     console.print(table)
 
-    if ar_prompts or pld or assisted:
-        data = resolve_data_dir(data_dir)
     if ar_prompts:
         qs = load_questions("mt_bench", data, limit=ar_prompts)
         prompts = [tgt.encode_chat([{"role": "user", "content": q.turns[0]}]) for q in qs]
