@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from harness.core.errors import SpecbenchError
+from harness.core.stopping import INTERRUPTED, interrupt_on_stop_signals
 from harness.runs.benchmarks import BENCHMARKS
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ err = Console(stderr=True)
 def main() -> None:
     """Benchmark speculative decoders on one common code path."""
     from harness.core.allocator import keep_freed_memory
-    from harness.core.stopping import interrupt_on_stop_signals
 
     keep_freed_memory()  # big tensors reuse heap memory instead of being page-faulted in anew
     interrupt_on_stop_signals()  # `kill PID` saves a training's resume state like Ctrl-C
@@ -98,7 +98,7 @@ def friendly(fn):
             err.print(f"[red]error:[/] {e}", soft_wrap=True)
             raise typer.Exit(2)
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted:[/] finished work is saved; rerun the same command to resume")
+            err.print(f"[yellow]interrupted:[/] {INTERRUPTED}")
             raise typer.Exit(130)
     return wrapper
 

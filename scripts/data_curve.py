@@ -206,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_script(main) -> None:
     """Exit with main()'s code; a SpecbenchError (bad input) is one line and exit code 2; SIGTERM
-    stops it like Ctrl-C (a training point saves its resume state)."""
-    from harness.core.stopping import interrupt_on_stop_signals
+    stops it like Ctrl-C (a training point saves its resume state), exit code 130, as the CLI."""
+    from harness.core.stopping import INTERRUPTED, interrupt_on_stop_signals
 
     interrupt_on_stop_signals()
     try:
@@ -215,6 +215,9 @@ def run_script(main) -> None:
     except SpecbenchError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"interrupted: {INTERRUPTED}", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

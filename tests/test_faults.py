@@ -129,3 +129,23 @@ def test_kill_stops_like_ctrl_c_even_when_the_shell_ignored_sigint(stop):
     finally:
         proc.kill()
     assert (out, proc.returncode) == ("saved\n", 130)
+
+
+def test_a_script_stopped_like_ctrl_c_says_how_to_resume_as_the_cli_does(capsys):
+    """The scripts' entry point (data_curve, eagle3_parts) ends a KeyboardInterrupt with the CLI's
+    line and exit code 130, not a traceback: the trainer only names the step it saved."""
+    from harness.core.stopping import INTERRUPTED
+    from scripts.data_curve import run_script
+
+    def stopped() -> int:
+        raise KeyboardInterrupt
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            run_script(stopped)
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == f"interrupted: {INTERRUPTED}\n"

@@ -11,14 +11,17 @@ import signal
 import threading
 
 
-def interrupt_on_stop_signals() -> bool:
-    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread; False (nothing changed) when
-    called from another thread, where Python cannot set signal handlers."""
+# What the CLI and the scripts print on KeyboardInterrupt (the trainer itself names the saved step).
+INTERRUPTED = "finished work is saved; rerun the same command to resume"
+
+
+def interrupt_on_stop_signals() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread; nothing changes when called
+    from another thread, where Python cannot set signal handlers."""
     if threading.current_thread() is not threading.main_thread():
-        return False
+        return
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    return True
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
