@@ -674,6 +674,35 @@ def train(
     console.print_json(data=result)
 
 
+@app.command()
+@friendly
+def features(
+    method: MethodOpt,
+    target: TargetOpt = "smollm2-135m",
+    data: DistillDataOpt = [],
+    prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
+    set_: SettingsOpt = [],
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    shards: ShardsOpt = None,
+    threads: ThreadsOpt = 0,
+):
+    """Extract (or finish extracting) the target features METHOD trains on into the cache, shard by
+    shard, without training: `train` does the same first, so this only splits a long job in two."""
+    from harness.core.target import Target
+    from harness.runs.settings import parse_settings
+    from harness.train.pipeline import extract_for
+    from methods.registry import get_method
+
+    set_threads(threads)
+    cls = get_method(method)
+    overrides = parse_settings(set_)
+    cls.resolve_config(overrides)  # unknown keys fail before the target loads
+    tgt = Target.load(target, device, dtype)
+    for folder in extract_for(tgt, cls(tgt, overrides), data, prompts, err, shards):
+        console.print(folder)
+
+
 @app.command("calibrate-tree")
 @friendly
 def calibrate_tree_cmd(

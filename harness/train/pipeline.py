@@ -114,14 +114,26 @@ def distill_folders(target, data: list[Path] | None) -> list[Path]:
     return [Path(f) for f in data] if data else [REPO_ROOT / "datasets" / "distill" / target.name]
 
 
+def extract_for(target, drafter, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
+                console: Console | None = None, shards: int | None = None) -> list[Path]:
+    """Extract every missing feature shard `drafter` trains on (the inputs of its target layers
+    too), per distill folder; returns the feature folders."""
+    from harness.train.features import extract_features
+
+    with Progress(console=console or Console(stderr=True)) as progress:
+        return [extract_features(target, folder, prompts, progress=progress, shards=shards,
+                                 layers=drafter.target_layers() or None)
+                for folder in distill_folders(target, data)]
+
+
 def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
                  console: Console | None = None, shards: int | None = None, layers: list[int] | None = None,
                  train_share: float = 1.0):
     """The shared distilled dataset of one or more distill folders (default datasets/distill/<target>;
     the first `shards` shards of each, if given) with its train/held-out split; features are
     extracted first (with the inputs of target `layers` too, for drafters that read them: EAGLE-3).
-    The split hashes a conversation's opening, so a follow-up conversation lands on the same side
-    as its first turn. `train_share`: keep that share of the training conversations."""
+    The split is by prompt (its first user turn), so a follow-up conversation and every answer to
+    one prompt land on the same side. `train_share`: keep that share of the training conversations."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, iter_feature_shards
 
