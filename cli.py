@@ -676,6 +676,53 @@ def train(
 
 @app.command()
 @friendly
+def peers(
+    ctx: typer.Context,
+    names: Annotated[Optional[str], typer.Option(
+        "--peers", "-p", help="official implementations to run beside ours, comma-separated (see --list)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the peers and exit")] = False,
+    benchmarks: BenchmarksOpt = "mt_bench,gsm8k",
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="one sampling temperature")] = 0.0,
+    target: TargetOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    data_dir: DataDirOpt = None,
+    limit: LimitOpt = 10,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    seed: SeedOpt = 0,
+    peer_root: Annotated[Path, typer.Option(help="folder holding the peers' code, unmodified")] = Path("../shared/peers"),
+    ours: Annotated[bool, typer.Option("--ours/--no-ours", help="also run our methods with the peers' settings")] = True,
+    threads: ThreadsOpt = 1,
+    out: RunDirOpt = None,
+):
+    """Ours and the official implementations side by side: same target, weights and prompt ids, each
+    peer in its own environment (`bash scripts/setup_peers.sh`); tables with both. Resumes."""
+    from harness.peers.catalog import PEERS
+    from harness.peers.runner import run_peers
+    from harness.report.run_readme import write_report
+    from harness.runs.executor import summarize_dir
+
+    if list_:
+        for p in PEERS.values():
+            console.print(f"{p.name:24} {p.label:28} {p.folder} (transformers {p.transformers})")
+        return
+    if not names:
+        raise typer.BadParameter("name the peers to run (--peers a,b; see --list)", param_hint="--peers")
+    set_threads(threads)
+    cfg = run_config(ctx, methods=None, benchmarks=benchmarks, temperatures=[temperature], settings=[],
+                     tree_budget=None, preset=None, target=target, dtype=dtype, device="cpu", device_map=None,
+                     compile=False, limit=limit, max_new_tokens=max_new_tokens, top_p=1.0, acceptance=None, seed=seed,
+                     chat_template=None, system_prompt=None, typical=[])
+    run_dir = run_peers(split_csv(names), cfg, out or Path("results/runs/peers"), data_dir, peer_root, err, threads,
+                        ours)
+    print_summary(summarize_dir(run_dir))
+    paths = write_report(run_dir, False)
+    print_markdown(run_dir / "tables" / "main.md")
+    print_written(run_dir, paths)
+    console.print(f"run folder: {run_dir}")
+
+
+@app.command()
+@friendly
 def features(
     method: MethodOpt,
     target: TargetOpt = "smollm2-135m",

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
+from harness.report.peers_table import write_peer_tables
 from harness.report.statistics import MEAN_DEFINITION, Cell, ColumnCells, RunStats, main_frame
 from harness.runs.metrics import CI_LEVEL
 from harness.runs.run_data import MEAN, Row, RunData, fmt_temperature, row_label
@@ -329,4 +330,4 @@ def write_tables(stats: RunStats, ci: bool = False) -> list[Path]:
     for name, frame, text in frames:
         paths += [_write(out / f"{name}.md", text(frame, "md", setting)),
                   _write(out / f"{name}.tex", text(frame, "tex", setting)), _csv(frame, out / f"{name}.csv")]
-    return paths
+    return paths + write_peer_tables(run, setting)

@@ -370,7 +370,7 @@ def attach_divergences(records: list[Record]) -> list[Record]:
 
     def turn_key(r: Record, turn: int) -> tuple:
         # Seeds differ per turn, so earlier turns are found by question and settings, not seed.
-        return (r.benchmark, r.question_id, turn, r.temperature, r.top_p)
+        return (r.benchmark, r.question_id, turn, r.temperature, r.top_p, r.implementation)
 
     ar_turn = {turn_key(r, r.turn): r for r in records if r.is_ar}
     own_turn = {(r.method, r.config_hash, turn_key(r, r.turn)): r for r in records}

@@ -31,7 +31,7 @@ AR_METHOD = "ar"
 # Fields every record needs: the parts of its key.
 REQUIRED = ("method", "benchmark", "question_id", "turn", "temperature", "acceptance", "seed")
 # Fields written only when set (prompt files, greedy AR, a measured CPU load, the read-time divergence).
-OPTIONAL = ("prompt_sha256", "ar_top1", "ar_gap", "other_cpu_cores", "divergence")
+OPTIONAL = ("prompt_sha256", "ar_top1", "ar_gap", "other_cpu_cores", "divergence", "implementation")
 
 
 def is_lossy(fields_: Mapping[str, Any]) -> bool:
@@ -100,6 +100,7 @@ class Record:
     key: str = ""                        # record_key; "" until computed
     other_cpu_cores: float | None = None  # cores other processes used meanwhile
     divergence: dict[str, Any] | None = None  # first divergence from AR (metrics.attach_divergences), read time only
+    implementation: str | None = None    # an official implementation that answered (a peer, harness/peers); None: ours
     extra: dict[str, Any] = field(default_factory=dict)   # keys this code does not know, kept
 
     def __post_init__(self) -> None:
@@ -111,10 +112,12 @@ class Record:
         return self.method == AR_METHOD
 
     @property
-    def prompt(self) -> tuple[str, int, int, float, float, int]:
-        """Identity of the prompt answered: (benchmark, question_id, turn, temperature, top_p, seed).
-        A method's answer is paired with AR's answer to the same prompt, whatever the rules."""
-        return (self.benchmark, self.question_id, self.turn, self.temperature, self.top_p, self.seed)
+    def prompt(self) -> tuple[str, int, int, float, float, int] | tuple[str, int, int, float, float, int, str]:
+        """Identity of the prompt answered: (benchmark, question_id, turn, temperature, top_p, seed),
+        and the implementation for a peer's answer. A method's answer is paired with AR's answer to
+        the same prompt, whatever the rules; a peer's with its own AR's."""
+        base = (self.benchmark, self.question_id, self.turn, self.temperature, self.top_p, self.seed)
+        return base if self.implementation is None else (*base, self.implementation)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Record:

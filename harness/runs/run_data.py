@@ -135,6 +135,9 @@ def load_run(path: Path) -> RunData:
         if isinstance(entry, dict) and entry.get("config_hash"):
             names[entry["config_hash"]] = label
             parameters[entry["config_hash"]] = int(entry.get("parameters") or 0)
+    # Official implementations run beside ours (harness/peers): their rows by their own labels.
+    for label, entry in (meta.get("peers") or {}).items():
+        names[entry["config_hash"]] = label
     # The same method name under several unlabelled configs: tell them apart by hash.
     hashes_per_method: dict[str, set[str]] = {}
     for rec in records:
