@@ -1,5 +1,9 @@
-"""Prompt-lookup decoding (PLD): propose the tokens that followed the latest earlier occurrence of
-the context's last n-gram, as a chain. Training-free.
+"""Prompt-lookup decoding (PLD): propose the tokens that followed an earlier occurrence of the
+context's last n-gram, as a chain. Training-free.
+
+`match` picks the occurrence: "first" is Saxena's prompt lookup (and Spec-Bench's): the earliest
+occurrence whose continuation holds `max_draft` tokens, longest n-gram first; "latest" (ours) the
+most recent occurrence, its continuation however short.
 
 What makes ours more than HF's `prompt_lookup_num_tokens`: the chain length is chosen each step
 to maximise expected new tokens per unit of verify cost, from
@@ -15,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.cost_model import interpolate
+from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree
 from methods.common.base import Drafter
 
@@ -54,6 +59,7 @@ class PromptLookupDrafter(Drafter):
         "min_ngram": 1,
         "max_draft": 10,       # never propose more (HF's prompt_lookup_num_tokens default is 10)
         "adaptive": True,      # False: always propose max_draft tokens, as HF does
+        "match": "latest",     # "first": Saxena's earliest full-length match; "latest": the most recent
         "cost_curve": "auto",  # "auto" = COST_CURVES[target dtype], or [[k, cost], ...]
         "prior": [0.35, 0.5, 0.65],  # initial acceptance rate for 1-, 2-, 3-gram matches
         "prior_weight": 2.0,   # pseudo-observations behind the prior
@@ -62,6 +68,8 @@ class PromptLookupDrafter(Drafter):
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
+        if self.config["match"] not in ("first", "latest"):
+            raise SpecbenchError(f"pld match must be 'first' or 'latest', got {self.config['match']!r}")
         curve = self.config["cost_curve"]
         if curve == "auto":
             curve = COST_CURVES.get(str(target.dtype).replace("torch.", ""), COST_CURVES["float32"])
@@ -74,7 +82,8 @@ class PromptLookupDrafter(Drafter):
         w = self.config["prior_weight"]
         self.hits = {g: prior[g - 1] * w for g in range(1, n + 1)}
         self.trials = {g: w for g in range(1, n + 1)}
-        self.index: dict[int, dict[tuple[int, ...], int]] = {g: {} for g in range(1, n + 1)}
+        # n-gram -> where its continuations start, in order (the context's positions)
+        self.index: dict[int, dict[tuple[int, ...], list[int]]] = {g: {} for g in range(1, n + 1)}
         self.indexed_upto = 0
         self.last: tuple[int, int] | None = None  # (n-gram length, drafts proposed) of the pending step
 
@@ -87,7 +96,7 @@ class PromptLookupDrafter(Drafter):
         for j in range(max(self.indexed_upto, 1), end + 1):
             for g in self.index:
                 if j - g >= 0:
-                    self.index[g][tuple(tokens[j - g : j])] = j  # latest occurrence wins
+                    self.index[g].setdefault(tuple(tokens[j - g : j]), []).append(j)
         self.indexed_upto = end + 1
 
     def propose(self, ctx) -> DraftTree:
@@ -97,7 +106,7 @@ class PromptLookupDrafter(Drafter):
         for g in range(self.config["max_ngram"], self.config["min_ngram"] - 1, -1):
             if len(tokens) <= g:
                 continue
-            start = self.index[g].get(tuple(tokens[-g:]))
+            start = self._match(self.index[g].get(tuple(tokens[-g:]), []), len(tokens), g)
             if start is None:
                 continue
             cont = tokens[start : start + self.config["max_draft"]]
@@ -111,6 +120,15 @@ class PromptLookupDrafter(Drafter):
             self.last = (g, k)
             return DraftTree.chain(ctx.root, cont[:k])
         return DraftTree.root_only(ctx.root)
+
+    def _match(self, starts: list[int], n: int, g: int) -> int | None:
+        """Where the proposed continuation starts, among an n-gram's `starts` in a context of `n` tokens."""
+        if self.config["match"] == "latest":
+            return starts[-1] if starts else None
+        # Saxena's rule: the earliest start with a whole `max_draft`-token continuation, never
+        # the suffix itself (its continuation would begin inside the n-gram being matched).
+        full = self.config["max_draft"]
+        return next((j for j in starts if j + full <= n and j < n - g), None)
 
     def observe(self, step) -> None:
         if self.last is None:

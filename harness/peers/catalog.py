@@ -38,7 +38,7 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
          ours={"total_tokens": 60, "depth": 5, "top_k": 10}, layout="eagle"),
     Peer("spec-bench/pld", "pld", "Prompt lookup (Spec-Bench)", SPEC_BENCH, "4.37.1", "spec-bench/pld",
          "spec-bench/ar", settings={"draft_matching_window_size": 3, "draft_num_candidate_tokens": 10},
-         ours={"max_ngram": 3, "min_ngram": 1, "max_draft": 10, "adaptive": False}),
+         ours={"max_ngram": 3, "min_ngram": 1, "max_draft": 10, "adaptive": False, "match": "first"}),
 ]}
 
 

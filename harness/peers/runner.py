@@ -93,16 +93,26 @@ def ar_config(impl: str) -> dict[str, Any]:
     return {"implementation": impl}
 
 
-def trim(output_ids: list[int], accept: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], list[int]]:
+def trim(output_ids: list[int], accept: list[int], max_new_tokens: int, eos: set[int],
+         prefill_step: bool) -> tuple[list[int], list[int]]:
     """A peer's answer cut as ours are (at the first EOS, kept, and at the token limit), and its
     per-step new tokens counted as ours count them: the first token comes from the prefill, then
-    each step's accepted drafts + bonus, the last step cut to what was kept. Peers append a step's
-    root with its accepted drafts instead of its bonus, which gives the same counts, one token on."""
+    each verify step's accepted drafts + bonus, the last step cut to what was kept.
+
+    EAGLE's code prefills apart and then appends each step's root with its accepted drafts (not
+    its bonus): the same counts, one token on. A transformers-style loop (`prefill_step`) feeds the
+    prompt with its first drafts, so its first step's first token is our prefill's: that step
+    counts one token less, and is no verify step of ours when that was all it made."""
     out = list(output_ids[:max_new_tokens])
     for i, t in enumerate(out):
         if t in eos:
             out = out[: i + 1]
             break
+    accept = list(accept)
+    if prefill_step and accept:
+        accept[0] -= 1
+        if accept[0] <= 0:
+            accept = accept[1:]
     steps, room = [], len(out) - 1
     for a in accept:
         if room <= 0:
@@ -115,7 +125,8 @@ def trim(output_ids: list[int], accept: list[int], max_new_tokens: int, eos: set
 def peer_record(result: dict, probe: dict[str, Any], config: dict[str, Any], impl: str, prompt_len: int,
                 cfg: RunConfig, target, max_new_tokens: int) -> Record:
     """The `Record` of one peer answer (the worker's result line) to the prompt `probe` keys."""
-    out, steps = trim(result["output_ids"], result["accept_lengths"], max_new_tokens, set(target.eos_token_ids))
+    out, steps = trim(result["output_ids"], result["accept_lengths"], max_new_tokens, set(target.eos_token_ids),
+                      bool(result.get("prefill_step")))
     is_ar = probe["method"] == AR_METHOD
     stop = "eos" if out and out[-1] in target.eos_token_ids else "length"
     return Record(method=probe["method"], method_config=config, config_hash=probe["config_hash"],
@@ -148,6 +159,7 @@ def checkpoints_from(folder: Path | None):
 def run_worker(python: Path, job: dict, job_file: Path, console: Console, label: str) -> list[dict]:
     """Run the worker on `job` in the peer's environment; returns its result lines (resumed ones too)."""
     job_file.parent.mkdir(parents=True, exist_ok=True)
+    Path(job["out"]).parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(json.dumps(job))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(job["threads"]),
            "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
@@ -175,9 +187,12 @@ def peer_prompt_ids(target, question, turn: int, history: list[dict]) -> tuple[l
 
 
 def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any], impl: str, questions: dict,
-                  cfg: RunConfig, target, files: dict[str, Path | None], work: Path, console: Console,
-                  existing: set[str], threads: int, peer_root: Path) -> list[Record]:
-    """One peer (or its AR: `adapter`/`method`) on every question, turn by turn; returns the new records."""
+                  cfg: RunConfig, target, files: dict[str, Path | None], work: Path, answers: Path,
+                  console: Console, existing: set[str], threads: int, peer_root: Path) -> list[Record]:
+    """One peer (or its AR: `adapter`/`method`) on every question, turn by turn; returns the new
+    records. The worker's raw answers stay in `answers` (the run folder's peer-answers/: what the
+    peer printed, and what a killed run resumes from); its job file, which names this machine's
+    paths, in `work`."""
     from harness.runs.executor import answer_seed
 
     chash = config_hash({"method": method, **config})
@@ -206,7 +221,7 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
         job = {"adapter": adapter, "peer_dir": str(peer_folder(peer_root, peer).resolve()),
                "base": str(files["base"]), "drafter": str(files["drafter"]) if files.get("drafter") else None,
                "settings": peer.settings, "dtype": str(target.dtype).replace("torch.", ""), "threads": threads,
-               "prompts": prompts, "out": str(work / f"{tag}-turn{turn}.jsonl")}
+               "prompts": prompts, "out": str((answers / f"{tag}-turn{turn}.jsonl").resolve())}
         label = f"{peer.label if method != AR_METHOD else 'AR (' + peer.source + ')'} turn {turn + 1}"
         results = run_worker(peer_python(peer), job, work / f"{tag}-turn{turn}.json", console, label)
         for res in results:
@@ -265,8 +280,8 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
         for adapter, method, config, label in (
                 (p.ar_adapter, AR_METHOD, ar_config(impl), f"AR ({p.folder})"),
                 (p.adapter, p.method, peer_config(p, impl), p.label)):
-            recs = run_peer_side(p, adapter, method, config, impl, questions, cfg, target, files, work / "answers",
-                                 console, existing, threads, peer_root)
+            recs = run_peer_side(p, adapter, method, config, impl, questions, cfg, target, files, work / "jobs",
+                                 Path(out) / "peer-answers", console, existing, threads, peer_root)
             for rec in recs:
                 run_dir.append(rec)
                 existing.add(rec.key)

@@ -14,7 +14,8 @@ the peer's transformers reads, "drafter": folder of the drafter weights in the o
 or null, "settings": the peer's own knobs, "dtype": "float32" | "bfloat16", "threads": n,
 "prompts": [{"key", "ids", "max_new_tokens", "temperature"}], "out": results .jsonl}
 A result line: {"key", "output_ids", "accept_lengths" (new tokens per verify step, the peer's own
-count), "wall_s"}.
+count), "prefill_step" (whether the peer's first step is its prefill: transformers-style loops
+feed the prompt with the first drafts, EAGLE's code prefills apart), "wall_s"}.
 """
 from __future__ import annotations
 
@@ -151,11 +152,12 @@ def _tokenizer(job: dict):
     return AutoTokenizer.from_pretrained(job["base"])
 
 
-ADAPTERS: dict[str, Callable[[dict], Generate]] = {
-    "spec-bench/ar": spec_bench_hf_ar,
-    "spec-bench/pld": spec_bench_pld,
-    "spec-bench/eagle2": spec_bench_eagle2,
-    "eagle/ar": eagle_naive_ar,
+# name -> (builder, whether the peer's first verify step also holds its prefill)
+ADAPTERS: dict[str, tuple[Callable[[dict], Generate], bool]] = {
+    "spec-bench/ar": (spec_bench_hf_ar, True),
+    "spec-bench/pld": (spec_bench_pld, True),
+    "spec-bench/eagle2": (spec_bench_eagle2, False),
+    "eagle/ar": (eagle_naive_ar, True),
 }
 
 
@@ -177,7 +179,8 @@ def run(job: dict) -> int:
     torch.set_num_threads(int(job.get("threads") or 1))
     cpu_shims()
     sys.path.insert(0, str(Path(job["peer_dir"]).resolve()))
-    generate = ADAPTERS[job["adapter"]](job)
+    build, prefill_step = ADAPTERS[job["adapter"]]
+    generate = build(job)
     out = Path(job["out"])
     done = done_keys(out)
     with torch.no_grad():  # as the peers decode (inference-mode tensors would refuse their in-place cache updates)
@@ -192,7 +195,8 @@ def run(job: dict) -> int:
         wall = time.perf_counter() - start
         with out.open("a") as f:
             f.write(json.dumps({"key": p["key"], "output_ids": [int(t) for t in output_ids],
-                                "accept_lengths": [int(a) for a in accept], "wall_s": round(wall, 4)}) + "\n")
+                                "accept_lengths": [int(a) for a in accept], "prefill_step": prefill_step,
+                                "wall_s": round(wall, 4)}) + "\n")
         print(json.dumps({"done": p["key"], "tokens": len(output_ids)}), flush=True)
     return 0
 
