@@ -750,6 +750,29 @@ def features(
         console.print(folder)
 
 
+@app.command()
+@friendly
+def export(
+    method: Annotated[str, typer.Argument(help="a learned method (see `cli.py list`)")],
+    out: Annotated[Path, typer.Option(help="folder to write the config.json and weight file into")],
+    layout: Annotated[str, typer.Option(help="official: the paper's released layout, which its own code loads")] = "official",
+    target: TargetOpt = "smollm2-135m",
+    checkpoint: CheckpointOpt = None,
+    base_model: Annotated[Optional[str], typer.Option(
+        help="base model folder named in config.json where the official code reads one (Medusa, Hydra)")] = None,
+):
+    """Write a drafter (the committed weights, or --checkpoint) in its paper's official layout, one line per
+    thing that layout cannot express; the export loads back with --checkpoint OUT."""
+    from harness.core.target import Target
+    from harness.peers.export import export_drafter
+
+    done = export_drafter(method, Target.load(target, "cpu", "float32"), out, checkpoint, base_model, layout)
+    for path in done.files:
+        console.print(f"wrote {path}")
+    for line in done.departures:
+        console.print(f"departure: {line}", soft_wrap=True)
+
+
 @app.command("calibrate-tree")
 @friendly
 def calibrate_tree_cmd(

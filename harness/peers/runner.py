@@ -260,7 +260,7 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     target = Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
     work = cache_root() / "peers" / target.name
     checkpoints = work / "checkpoints"
-    drafters = {p.layout: export_official(p.layout, target, checkpoints) for p in peers if p.layout}
+    drafters = {p.layout: export_official(p.layout, target, checkpoints, console) for p in peers if p.layout}
     # Ours: the peers' methods with the peers' settings, on the exported weights.
     settings = {f"{p.method}.{k}": v for p in peers for k, v in p.ours.items()}
     methods = list(dict.fromkeys(p.method for p in peers))
@@ -276,7 +276,7 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     for p in peers:
         commit = peer_commit(peer_root, p)
         impl = implementation(p, commit)
-        files = {"base": base_view(target, p.transformers, work), "drafter": drafters.get(p.layout)}
+        files = {"base": base_view(cfg.target, work), "drafter": drafters.get(p.layout)}
         for adapter, method, config, label in (
                 (p.ar_adapter, AR_METHOD, ar_config(impl), f"AR ({p.folder})"),
                 (p.adapter, p.method, peer_config(p, impl), p.label)):
@@ -299,72 +299,25 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
 
 
 # ----------------------------------------------------------------------------- what the peers read
-def source_dir(target) -> Path:
-    """The HF folder the target was loaded from (a wheel target's dequantised copy)."""
-    folder = Path(getattr(target.model, "name_or_path", "") or "")
-    if not (folder / "config.json").exists():
-        raise SpecbenchError(f"target '{target.name}' was not loaded from a local folder; peers need one")
-    return folder
+def base_view(target_spec: str, work: Path) -> Path:
+    """The target as the peers' transformers read it (harness/peers/base_view.py), written once."""
+    from harness.peers.base_view import base_folder, write_base_view
 
-
-def base_view(target, transformers_version: str, work: Path) -> Path:
-    """The target as a folder the peer's (older) transformers reads: `rope_theta` written out (a
-    5.x config keeps it in `rope_parameters`, which 4.x ignores, silently falling back to 10,000),
-    a tokenizer class and tokenizer.json format 4.x knows, the weights linked, not copied."""
-    src = source_dir(target)
-    view = work / f"base-{transformers_version}"
-    if (view / "config.json").exists():
-        return view
-    tmp = view.with_name(view.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    config = json.loads((src / "config.json").read_text())
-    rope = config.pop("rope_parameters", None) or {}
-    if "rope_theta" in rope:
-        config["rope_theta"] = rope["rope_theta"]
-    config.setdefault("rope_scaling", None)
-    if "dtype" in config:
-        config["torch_dtype"] = config.pop("dtype")
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg.pop("backend", None)
-    (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
-    tok = json.loads((src / "tokenizer.json").read_text())
-    merges = tok.get("model", {}).get("merges")
-    if merges and isinstance(merges[0], list):  # tokenizers < 0.20 read merges as "a b" strings
-        tok["model"]["merges"] = [" ".join(m) for m in merges]
-    (tmp / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
-    for name in ("generation_config.json", "model.safetensors"):
-        if (src / name).exists():
-            os.symlink((src / name).resolve(), tmp / name)
-    tmp.rename(view)
+    view = work / "base"
+    if not (view / "config.json").exists():
+        write_base_view(base_folder(target_spec), view)
     return view
 
 
-def export_official(layout: str, target, root: Path) -> Path:
-    """Our committed drafter of `layout` written in its official layout under root/<target>/<name>."""
-    import torch
-
+def export_official(method: str, target, root: Path, console: Console) -> Path:
+    """Our committed drafter of `method` in its official layout, under root/<target>/<weights name>
+    (where our loaders find it through $SPECBENCH_CHECKPOINTS, so both sides read one file); the
+    export's departures from the official layout are printed."""
+    from harness.peers.export import export_drafter
     from methods.registry import get_method
 
-    if layout != "eagle":
-        raise SpecbenchError(f"no official-layout export for '{layout}' yet")
-    folder = root / target.name / "eagle"
-    if (folder / "pytorch_model.bin").exists():
-        return folder
-    cls = get_method("eagle")
-    drafter = cls.create(target, {})
-    state = {"embed_tokens.weight": target.model.get_input_embeddings().weight.detach().float().cpu()}
-    for k, v in drafter.state_dict().items():
-        if k.startswith("stack."):
-            state[k.removeprefix("stack.")] = v.detach().float().cpu()
-        elif k.startswith("fc."):
-            state[k] = v.detach().float().cpu()
-    folder.mkdir(parents=True, exist_ok=True)
-    config = json.loads((source_dir(target) / "config.json").read_text())
-    rope = config.pop("rope_parameters", None) or {}
-    config.update(num_hidden_layers=1, bias=True, rope_theta=rope.get("rope_theta", 10000.0), rope_scaling=None)
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    torch.save(state, folder / "pytorch_model.bin")
+    folder = root / target.name / get_method(method).weights_name()
+    done = export_drafter(method, target, folder)
+    for line in done.departures:
+        console.print(f"[yellow]{method} export[/]: {line}", soft_wrap=True)
     return folder
-

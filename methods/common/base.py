@@ -26,6 +26,7 @@ from methods.common.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_v
 if TYPE_CHECKING:  # annotations only: importing the loop would pull transformers into every drafter import
     from harness.core.decode import Acceptance, DraftContext
     from harness.core.target import TargetOutput
+    from methods.common.official_layout import OfficialFiles
 
 
 class Drafter(nn.Module):
@@ -225,6 +226,12 @@ class LearnedDrafter(Drafter):
     @classmethod
     def load_official(cls, folder: Path, target, overrides: dict[str, Any]) -> "LearnedDrafter":
         raise SpecbenchError(f"{folder} is not a specbench checkpoint and '{cls.name}' has no official-layout loader")
+
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """These weights in the paper's official layout, the inverse of `load_official` through the
+        same key map (methods/common/official_layout.py), with what that layout cannot express;
+        `base_model`: the base model folder the official code should load, where its config names one."""
+        raise SpecbenchError(f"method '{self.name}' has no official layout to export to")
 
     @classmethod
     def create(cls, target, overrides: dict[str, Any], checkpoint: str | None = None) -> "Drafter":
