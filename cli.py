@@ -650,6 +650,9 @@ def train(
     train_share: Annotated[float, typer.Option(
         help="train on this share of the training conversations (nested; the held-out set stays whole): "
              "the data curve")] = 1.0,
+    commit_every: Annotated[float, typer.Option(
+        help="minutes between git commits of --out (weights, resume state, log) for a training that spans "
+             "sessions on machines that may change; 0: never")] = 0.0,
     threads: ThreadsOpt = 0,
 ):
     """Train a drafter on the shared distilled data (the target's features are extracted at --dtype and
@@ -670,7 +673,8 @@ def train(
     tgt = Target.load(target, device, dtype)
     result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
-                          init_from=init_from, console=err, shards=shards, train_share=train_share)
+                          init_from=init_from, console=err, shards=shards, train_share=train_share,
+                          commit_every_s=60.0 * commit_every)
     console.print_json(data=result)
 
 

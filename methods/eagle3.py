@@ -87,6 +87,14 @@ class Eagle3(EagleCore):
         "preset": "default",
     }
     arch_keys = ("layer_config", "draft_vocab", "ttt_steps", "fuse_layers")
+    full_vocab_paper = False  # EAGLE-3's own draft vocabulary (d2t/t2d) is the paper's
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """The paper unrolls the training-time test 7 steps and fuses all three layers."""
+        out = [] if int(config.get("ttt_steps", 7)) == 7 else [f"{config['ttt_steps']}-step TTT"]
+        fused = config.get("fuse_layers", "low,mid,high")
+        return out + ([] if fused == "low,mid,high" else [f"fuses {fused}"])
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:

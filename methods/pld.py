@@ -5,8 +5,9 @@ context's last n-gram, as a chain. Training-free.
 occurrence whose continuation holds `max_draft` tokens, longest n-gram first; "latest" (ours) the
 most recent occurrence, its continuation however short.
 
-What makes ours more than HF's `prompt_lookup_num_tokens`: the chain length is chosen each step
-to maximise expected new tokens per unit of verify cost, from
+The default is Saxena's algorithm. Our variant (`--set pld.adaptive=true --set pld.match=latest`,
+labelled in tables) adds a chain length chosen each step to maximise expected new tokens per unit
+of verify cost, from
   * the measured cost curve of a k-token forward relative to a 1-token step (`cost_curve`;
     defaults are the `cli.py bench` figures of SmolLM2 on this class of CPU, per dtype), and
   * a running estimate of the per-token acceptance rate for matches of each n-gram length,
@@ -46,7 +47,7 @@ def best_chain_length(accept_rate: float, curve: list[list[float]], k_max: int) 
 
 
 class PromptLookupDrafter(Drafter):
-    """Prompt lookup: a chain copied from the context after the last n-gram's earlier occurrence, cost-aware length."""
+    """Prompt lookup: a chain copied from the context after the last n-gram's earlier occurrence."""
 
     name = "pld"
     display_name = "Prompt lookup"
@@ -58,8 +59,8 @@ class PromptLookupDrafter(Drafter):
         "max_ngram": 3,        # longest suffix n-gram looked up (HF's max_matching_ngram_size is 2)
         "min_ngram": 1,
         "max_draft": 10,       # never propose more (HF's prompt_lookup_num_tokens default is 10)
-        "adaptive": True,      # False: always propose max_draft tokens, as HF does
-        "match": "latest",     # "first": Saxena's earliest full-length match; "latest": the most recent
+        "adaptive": False,     # True (ours): a cost-aware chain length; False: max_draft tokens, as Saxena's
+        "match": "first",      # "first": Saxena's earliest full-length match; "latest" (ours): the most recent
         "cost_curve": "auto",  # "auto" = COST_CURVES[target dtype], or [[k, cost], ...]
         "prior": [0.35, 0.5, 0.65],  # initial acceptance rate for 1-, 2-, 3-gram matches
         "prior_weight": 2.0,   # pseudo-observations behind the prior
@@ -75,6 +76,12 @@ class PromptLookupDrafter(Drafter):
             curve = COST_CURVES.get(str(target.dtype).replace("torch.", ""), COST_CURVES["float32"])
         self.curve = curve
         self._reset()
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        # A config without `match` was recorded before the key existed, when every match was the latest.
+        latest = config.get("match", "latest") != "first"
+        return (["adaptive"] if config.get("adaptive") else []) + (["latest match"] if latest else [])
 
     def _reset(self) -> None:
         n = self.config["max_ngram"]

@@ -24,8 +24,11 @@ methods=("$@")
 python cli.py features --method eagle3 "${DATA[@]}" "${COMMON[@]}"
 for m in "${methods[@]}"; do
     case $m in
-        eagle) settings=(--set draft_vocab=0) ;;     # EAGLE-1/2 draft from the full vocabulary
+        eagle|gumiho) settings=(--set draft_vocab=0) ;;        # they draft from the full vocabulary
+        medusa|hydra) settings=(--set share_lm_head=false) ;;  # each head owns a vocabulary projection
+        eagle3) settings=(--set ttt_steps=7) ;;                # the paper's training-time test
         *) settings=() ;;
     esac
-    python cli.py train --method "$m" "${DATA[@]}" "${COMMON[@]}" --steps "$STEPS" "${settings[@]}" --out "$OUT/$m"
+    python cli.py train --method "$m" "${DATA[@]}" "${COMMON[@]}" --steps "$STEPS" "${settings[@]}" --out "$OUT/$m" \
+        --commit-every "${COMMIT_EVERY:-30}"
 done

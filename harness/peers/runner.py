@@ -71,7 +71,8 @@ def folder_fingerprint(folder: Path) -> str:
 
 
 def peer_commit(root: Path, peer: Peer) -> str | None:
-    """The commit the peer folder holds, as the peer root's README table says (`| \\`folder/\\` | ... | abc1234 (date) |`)."""
+    """The commit the peer folder holds, as the peer root's README table says: the third cell of
+    the line of `folder/` (`| \\`folder/\\` | source | abc1234 (date) | ... |`)."""
     readme = Path(root) / "README.md"
     if not readme.exists():
         return None

@@ -51,7 +51,8 @@ def benchmark_title(name: str) -> str:
 
 def frame_label(rec: dict) -> str:
     """`Row.label` of a line of a per-row frame."""
-    return row_label(rec["variant"], rec["acceptance"], rec["lossy"], rec["method"])
+    departures = tuple(d for d in str(rec.get("departures") or "").split(", ") if d)
+    return row_label(rec["variant"], rec["acceptance"], rec["lossy"], rec["method"], departures)
 
 
 def setting_text(run: RunData) -> str:

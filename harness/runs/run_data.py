@@ -16,7 +16,7 @@ from harness.core.hardware import cpu_kind
 from harness.runs.metrics import attach_divergences, dedupe
 from harness.runs.record import AR_METHOD, Record
 from harness.runs.results import RunDir
-from methods.registry import method_info
+from methods.registry import method_departures, method_info
 
 MEAN = "mean"   # the column after the benchmarks: their arithmetic mean
 
@@ -37,10 +37,13 @@ def display_label(name: str, method: str | None = None) -> str:
     return name
 
 
-def row_label(name: str, acceptance: str, lossy: bool, method: str | None = None) -> str:
-    """How a row is named in every table and plot: the display name; lossy rows say so."""
+def row_label(name: str, acceptance: str, lossy: bool, method: str | None = None,
+              departures: tuple[str, ...] = ()) -> str:
+    """How a row is named in every table and plot: the display name, then what the row changes of
+    the paper's algorithm (`Drafter.departures`); lossy rows say so."""
     shown = display_label(name, method)
-    return f"{shown} ({acceptance}, lossy)" if lossy else shown
+    notes = [*departures, *((acceptance, "lossy") if lossy else ())]
+    return f"{shown} ({', '.join(notes)})" if notes else shown
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,11 @@ class Row:
     acceptance: str
     name: str  # method name, or the variant's label in an ablation
     lossy: bool = False
+    departures: tuple[str, ...] = ()  # how its config departs from the paper's algorithm
 
     @property
     def label(self) -> str:
-        return row_label(self.name, self.acceptance, self.lossy, self.method)
+        return row_label(self.name, self.acceptance, self.lossy, self.method, self.departures)
 
 
 @dataclass
@@ -114,7 +118,10 @@ class RunData:
 
 def _row_of(rec: Record, names: dict[str, str]) -> Row:
     chash = rec.config_hash or ""
-    return Row(rec.temperature, rec.method, chash, rec.acceptance, names.get(chash, rec.method), rec.lossy)
+    name = names.get(chash, rec.method)
+    # A labelled variant (an ablation's, a peer's) says what it is itself.
+    departures = tuple(method_departures(rec.method, rec.method_config)) if name == rec.method else ()
+    return Row(rec.temperature, rec.method, chash, rec.acceptance, name, rec.lossy, departures)
 
 
 def load_run(path: Path) -> RunData:

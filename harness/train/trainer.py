@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harness.core.timing import Clock
 from harness.train.data import FeatureDataset, batches
 from harness.train.memory import HeapTrimmer
+from harness.train.state_commits import StateCommitter
 
 TRIM_GROWTH_GIB = 4.0  # trim the heap when training's resident set grew this much (memory.py says why)
 
@@ -105,7 +106,7 @@ def held_out_metrics(drafter, valid: list, cfg: TrainConfig, bf16: bool) -> dict
 class Trainer:
     def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
                  console: Console | None = None, prior: dict | None = None,
-                 sources: list[dict] | None = None) -> None:
+                 sources: list[dict] | None = None, commit_every_s: float = 0.0) -> None:
         self.drafter = drafter
         self.prior = prior  # the warm start's checkpoint {path, steps, seconds, epochs}, if any
         self.sources = sources or []  # the distill folders trained on: [{folder, shards}]
@@ -128,6 +129,9 @@ class Trainer:
         self.batch_in_epoch = 0
         self.seconds = 0.0
         self._rng = torch.get_rng_state()  # RNG as of the start of the next step: resume is exact
+        # A training that spans sessions commits its state to git (harness/train/state_commits.py).
+        self.committer = (StateCommitter(self.out, commit_every_s, f"{drafter.name} {self.out.name}")
+                          if commit_every_s > 0 else None)
 
     # ------------------------------------------------------------------ state
     @property
@@ -160,6 +164,12 @@ class Trainer:
         self._trim_log()
         self.console.print(f"resuming {self.out} at step {self.step}/{self.cfg.steps}")
         return True
+
+    def _commit_state(self, force: bool = False) -> None:
+        if self.committer is not None:
+            said = self.committer.maybe_commit(self.step, force)
+            if said:
+                self.console.print(said)
 
     def _trim_log(self) -> None:
         """Drop log rows past the resumed step: a killed run logged steps its last checkpoint does not hold,
@@ -263,6 +273,7 @@ class Trainer:
                         save = self.step % self.cfg.save_every == 0
                         if save:
                             self.save()
+                            self._commit_state()
                         if evaluate or save:
                             heap.trim()  # evaluation and saving leave their own freed blocks behind
                     else:
@@ -272,6 +283,7 @@ class Trainer:
                             raise RuntimeError("no training sequences")
         except KeyboardInterrupt:
             self.save()
+            self._commit_state(force=True)
             self.console.print(f"[yellow]interrupted[/]: saved step {self.step}")  # the CLI says how to resume
             raise
         final = self.evaluate()

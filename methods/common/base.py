@@ -72,6 +72,13 @@ class Drafter(nn.Module):
         return {**cls.defaults, **overrides}
 
     @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """How `config` departs from the paper's algorithm, one short label each (tables name a row
+        "EAGLE-2 (8k draft vocab)"); [] when it is the paper's form. A method's name means its
+        paper's algorithm: every variant row says what it changes."""
+        return []
+
+    @classmethod
     def arch_hash(cls, config: dict[str, Any]) -> str:
         return config_hash({k: config[k] for k in cls.arch_keys})
 
@@ -134,6 +141,7 @@ class LearnedDrafter(Drafter):
     trainable = True
     default_lr: ClassVar[float] = 1e-3
     weights_from: ClassVar[str | None] = None  # EAGLE-2 reads EAGLE's weights
+    full_vocab_paper: ClassVar[bool] = True    # the paper drafts from the whole vocabulary (not EAGLE-3)
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
@@ -147,6 +155,12 @@ class LearnedDrafter(Drafter):
         # Checkpoints name the head's ids `draft_ids`, not `vocab.draft_ids`.
         self.register_state_dict_post_hook(flatten_vocab_key)
         self.register_load_state_dict_pre_hook(nest_vocab_key)
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """A draft vocabulary is a departure where the paper drafts from every id (`full_vocab_paper`)."""
+        size = int(config.get("draft_vocab") or 0) if config.get("share_lm_head", True) else 0
+        return [f"{size // 1024}k draft vocab"] if cls.full_vocab_paper and 0 < size < (1 << 30) else []
 
     def uses_target_head(self) -> bool:
         """Whether draft logits come from the target's frozen LM head (where a draft vocab applies):

@@ -36,6 +36,12 @@ class HeadDrafter(LearnedDrafter):
     """Heads 0..heads-1 guess the tokens at depths 1..heads of a static tree (`config['tree']`)."""
 
     arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """The papers' heads each own a projection to the whole vocabulary (initialised from the
+        target's LM head); ours may share the target's frozen head."""
+        return (["shared head"] if config.get("share_lm_head") else []) + super().departures(config)
     input_noise = False  # neither recipe adds feature noise
     acceptance_rules = ("greedy", "lossless", "typical")  # Medusa's typical rule is for its heads' trees
 
