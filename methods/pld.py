@@ -79,8 +79,8 @@ class PromptLookupDrafter(Drafter):
 
     @classmethod
     def departures(cls, config: dict[str, Any]) -> list[str]:
-        # A config without `match` was recorded before the key existed, when every match was the latest.
-        latest = config.get("match", "latest") != "first"
+        # A whole config without `match` was recorded before the key existed, when every match was the latest.
+        latest = config.get("match", "latest" if "adaptive" in config else "first") != "first"
         return (["adaptive"] if config.get("adaptive") else []) + (["latest match"] if latest else [])
 
     def _reset(self) -> None:
