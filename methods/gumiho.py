@@ -35,6 +35,7 @@ from harness.core.tree_build import CandidatePool, Node, build_tree
 from methods.common.losses import masked_smooth_l1
 from methods.common.eagle_core import EagleCore
 from methods.common.blocks import ResBlock
+from methods.common.config_types import integer
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -76,6 +77,13 @@ class Gumiho(EagleCore):
         "preset": "default",
     }
     arch_keys = EagleCore.arch_keys + ("mlp_heads", "mlp_blocks")
+    config_types = {"mlp_heads": integer(1), "mlp_blocks": integer(0), "mlp_ce_from_epoch": integer(0),
+                    "mlp_topk": integer(1), "pruning": integer(1)}
+
+    @classmethod
+    def candidates(cls, config: dict[str, Any]) -> int:
+        """Two serial levels of `top_k`, then `mlp_heads` MLP levels of `pruning` each."""
+        return 2 * config["top_k"] + config["mlp_heads"] * config["pruning"]
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import RankChildren, walk_static_tree
 from methods.common.base import LearnedDrafter
+from methods.common.config_types import integer, kinds
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -36,6 +37,8 @@ class HeadDrafter(LearnedDrafter):
     """Heads 0..heads-1 guess the tokens at depths 1..heads of a static tree (`config['tree']`)."""
 
     arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
+    # tree: a preset's name, auto / auto:N (fitted candidates), or a list of rank paths
+    config_types = {"heads": integer(1), "layers": integer(0), "draft_vocab": integer(0), "tree": kinds("str", "list")}
     input_noise = False  # neither recipe adds feature noise
     acceptance_rules = ("greedy", "lossless", "typical")  # Medusa's typical rule is for its heads' trees
 
