@@ -329,6 +329,17 @@ def test_regress_with_a_baseline_value_that_is_no_number_is_not_comparable(share
 
 # ----------------------------------------------------------------------------- 7. caps, checksums, plugins
 
+def test_a_heads_tree_budget_above_its_fitted_candidates_is_refused(tiny_target):
+    from methods.registry import get_method
+
+    candidates = [[[0], 0.6], [[1], 0.3], [[0, 0], 0.2]]
+    with pytest.raises(SpecbenchError, match="asks for 5 draft nodes, but these heads have 3 fitted candidates"):
+        get_method("medusa")(tiny_target, {"heads": 2, "tree": "auto:5", "tree_candidates": candidates})
+    assert get_method("medusa")(tiny_target, {"heads": 2, "tree": "auto:3", "tree_candidates": candidates}).tree
+    with pytest.raises(SpecbenchError, match="use auto or auto:N"):  # before any model: the config alone
+        get_method("medusa").resolve_config({"tree": "auto:many"})
+
+
 def test_fetch_data_names_a_local_file_that_fails_its_checksum_and_moves_it_aside(shared_data, tmp_path):
     import urllib.error
 

@@ -148,45 +148,38 @@ def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | Non
     classes = checked_classes(cfg) if cfg.methods is not None else {}
     if cfg.methods is None:
         check_settings(cfg.settings, importable_classes())
-    with hold(out):
-        check_same_questions(RunDir(out), questions, {b: question_file(b, data_dir, cfg.files()) for b in questions})
-        return _run_held(cfg, out, data_dir, questions, classes, console, target, backend, request, variants,
-                         ablation, train_steps, ray)
-
-
-def _run_held(cfg: RunConfig, out: Path, data_dir: Path | None, questions: dict[str, list[Question]],
-              classes: dict[str, type], console: Console, target: Target | None, backend: Backend,
-              request: dict[str, Any], variants: dict[str, dict[str, Any]] | None, ablation: dict[str, Any] | None,
-              train_steps: int, ray: bool) -> Path:
-    """`run_grid` once its checks passed and the run folder is held: load, build, answer."""
-    # On Ray the workers load the target; the driver needs one only to find methods or check variants.
-    if target is None and (not ray or cfg.methods is None or variants):
-        target = load_target(cfg, console)
-    if cfg.methods is None:
-        found = discover_methods(target, cfg.settings, console)
-        console.print(f"methods: {', '.join(found)}")
-        cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
-        classes = checked_classes(cfg)
-    if variants:
-        check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
-    stored = {**request, "methods": cfg.methods}
-    if ablation:
-        stored["ablation"] = ablation
-    grid = Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target)
-    # The run, whichever backend answers: the slots, the folder and its provenance, resume, progress.
-    resolved, runtime = backend.start(grid)
-    run_dir = grid.run_dir
-    run_dir.open({**grid.stored, "methods_resolved": resolved})
-    # What the timings ran on (harness/core/runtime.py): the same config may run on either.
-    run_dir.write_extra({"target_runtime": runtime})
-    if data_dir is not None:
-        run_dir.write_extra({"data_dir": str(data_dir)})
-    backend.warm_up(grid)
-    existing = {r.key: r for r in run_dir.read_records()}
-    label, total = backend.plan(grid, existing)
-    with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
-        backend.answer(grid, existing, Sink(run_dir, existing, progress, progress.add_task(label, total=total)))
-    return run_dir.path
+    with hold(out):   # the folder's one writer from here (harness/runs/folder_lock.py)
+        files = {b: question_file(b, data_dir, cfg.files()) for b in questions}
+        check_same_questions(RunDir(out), questions, files)   # before the target loads
+        # On Ray the workers load the target; the driver needs one only to find methods or check variants.
+        if target is None and (not ray or cfg.methods is None or variants):
+            target = load_target(cfg, console)
+        if cfg.methods is None:
+            found = discover_methods(target, cfg.settings, console)
+            console.print(f"methods: {', '.join(found)}")
+            cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
+            classes = checked_classes(cfg)
+        if variants:
+            check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
+        stored = {**request, "methods": cfg.methods}
+        if ablation:
+            stored["ablation"] = ablation
+        grid = Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target)
+        # The run, whichever backend answers: the slots, the folder and its provenance, resume, progress.
+        resolved, runtime = backend.start(grid)
+        run_dir = grid.run_dir
+        run_dir.open({**grid.stored, "methods_resolved": resolved})
+        # What the timings ran on (harness/core/runtime.py): the same config may run on either.
+        run_dir.write_extra({"target_runtime": runtime})
+        if data_dir is not None:
+            run_dir.write_extra({"data_dir": str(data_dir)})
+        backend.warm_up(grid)
+        existing = {r.key: r for r in run_dir.read_records()}
+        label, total = backend.plan(grid, existing)
+        with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
+            sink = Sink(run_dir, existing, progress, progress.add_task(label, total=total))
+            backend.answer(grid, existing, sink)
+        return run_dir.path
 
 
 def run_request(cfg: RunConfig, command: str = "run", ablation: dict[str, Any] | None = None) -> dict[str, Any]:

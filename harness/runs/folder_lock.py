@@ -48,7 +48,8 @@ def _open_folder(folder: Path, what: str) -> bool:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SpecbenchError(f"{what} {folder}: cannot make this folder ({os_reason(e)}); pass a writable folder") from None
+        raise SpecbenchError(f"{what} {folder}: cannot make this folder ({os_reason(e)}); "
+                             "pass a writable folder") from None
     return created
 
 

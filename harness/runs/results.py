@@ -22,7 +22,8 @@ from harness.core.errors import SpecbenchError
 from harness.core.hashing import canonical_json, config_hash
 from harness.core.machine_meta import collect_meta, git_state
 from harness.core.files import os_reason, write_atomic
-from harness.runs.record import Record, record_key, record_problem  # noqa: F401 - record keys are asked of run folders too
+from harness.runs.record import Record, record_problem
+from harness.runs.record import record_key  # noqa: F401 - record keys are asked of run folders too
 
 # ----------------------------------------------------------------------------- provenance
 
