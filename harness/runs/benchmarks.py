@@ -12,8 +12,7 @@ import json
 import os
 import tempfile
 import urllib.request
-from collections.abc import Callable
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
