@@ -8,6 +8,7 @@ import torch
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import Level, walk_static_tree
 from harness.core.verify import processed_probs, sample_distinct
+from methods.common.config_types import kinds
 from methods.common.eagle_core import EagleCore
 from methods.common.official_layout import target_field
 
@@ -31,6 +32,7 @@ class Eagle(EagleCore):
     order = 50
     checkpoint_layout = "SafeAILab/EAGLE: config.json + pytorch_model.bin (fc.*, layers.0.*)"
     defaults = {**EagleCore.defaults, "tree": EAGLE1_TREE}
+    config_types = {"tree": kinds("str", "list")}   # a named tree or its rank paths
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)

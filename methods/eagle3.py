@@ -37,6 +37,7 @@ from harness.core.layer_math import FusedWeights, fuse_weights, fused_tensors, l
 from harness.core.packed_linear import apply_linear, tensors_key
 from harness.core.tree import DraftTree
 from methods.common.checkpoint_io import read_config, read_state
+from methods.common.config_types import integer
 from methods.common.eagle_core import EagleCore, draft_layer_config, official_draft_config, rope_scaling_departure
 from methods.common.losses import CHUNK_ELEMENTS
 from methods.common.official_layout import KeyMap, OfficialFiles, exported
@@ -87,6 +88,7 @@ class Eagle3(EagleCore):
         "preset": "default",
     }
     arch_keys = ("layer_config", "draft_vocab", "ttt_steps", "fuse_layers")
+    config_types = {"ttt_steps": integer(1)}
     full_vocab_paper = False  # EAGLE-3's own draft vocabulary (d2t/t2d) is the paper's
 
     @classmethod

@@ -38,6 +38,7 @@ from methods.common.checkpoint_io import read_config, read_state
 from methods.common.eagle_core import EagleCore, draft_layer_config, official_draft_config
 from methods.common.official_layout import KeyMap, OfficialFiles, exported
 from methods.common.blocks import ResBlock
+from methods.common.config_types import integer
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -79,6 +80,13 @@ class Gumiho(EagleCore):
         "preset": "default",
     }
     arch_keys = EagleCore.arch_keys + ("mlp_heads", "mlp_blocks")
+    config_types = {"mlp_heads": integer(1), "mlp_blocks": integer(0), "mlp_ce_from_epoch": integer(0),
+                    "mlp_topk": integer(1), "pruning": integer(1)}
+
+    @classmethod
+    def candidates(cls, config: dict[str, Any]) -> int:
+        """Two serial levels of `top_k`, then `mlp_heads` MLP levels of `pruning` each."""
+        return 2 * config["top_k"] + config["mlp_heads"] * config["pruning"]
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from harness.core.tree_build import Level, RankChildren
 from methods.common.heads import HEAD_DEFAULTS, HeadDrafter
 from methods.common.official_layout import KeyMap, OfficialFiles, exported, target_field, vocab_departure
 from methods.common.blocks import ResBlock
+from methods.common.config_types import number
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
@@ -69,6 +70,7 @@ class Hydra(HeadDrafter):
     order = 40
     checkpoint_layout = "zankner/Hydra: hydra_lm_head.pt / .safetensors (+ config.json hydra_num_heads)"
     defaults: dict[str, Any] = {"heads": 4, "layers": 4, **HEAD_DEFAULTS, "dropout": 0.2}
+    config_types = {"dropout": number(0, 1)}
     default_lr = 5e-4
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:

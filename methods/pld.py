@@ -23,6 +23,7 @@ from harness.core.cost_model import interpolate
 from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree
 from methods.common.base import Drafter
+from methods.common.config_types import Takes, integer, number
 
 # Relative cost of one cached forward of k tokens vs 1 token (SmolLM2-135M, 2 Sapphire Rapids cores;
 # shared/docs/models.md and `cli.py bench`). Override with --set cost_curve='[[1,1.0],[2,1.1],...]'.
@@ -66,6 +67,8 @@ class PromptLookupDrafter(Drafter):
         "prior_weight": 2.0,   # pseudo-observations behind the prior
         "decay": 0.9,          # forgetting of old evidence per use (tracks the current answer)
     }
+    config_types = {"max_ngram": integer(1), "min_ngram": integer(1), "max_draft": integer(1),
+                    "cost_curve": Takes(("list",), ("auto",)), "prior_weight": number(0), "decay": number(0, 1)}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)

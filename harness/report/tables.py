@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
+from harness.core.files import write_atomic
 from harness.report.peers_table import write_peer_tables
 from harness.report.statistics import MEAN_DEFINITION, Cell, ColumnCells, RunStats, main_frame
 from harness.runs.metrics import CI_LEVEL
@@ -56,10 +57,12 @@ def frame_label(rec: dict) -> str:
 
 
 def setting_text(run: RunData) -> str:
-    """Where the numbers come from, for every caption: target, dtype, machine."""
+    """Where the numbers come from, for every caption: target, dtype, machine, and how many
+    invalid records were left out (--skip-invalid), if any."""
     target, dtype, machine = run.setting()
     machine = re.sub(r"\((R|TM)\)", "", machine).replace("  ", " ")
-    return f"{target}, {dtype}, {machine}"
+    skipped = f"; {run.skipped} invalid record{'s' if run.skipped != 1 else ''} left out (--skip-invalid)"
+    return f"{target}, {dtype}, {machine}" + (skipped if run.skipped else "")
 
 
 def answers_text(counts: list[int]) -> str:
@@ -288,15 +291,11 @@ def turn_text(frame: pd.DataFrame, kind: str, setting: str = "") -> str:
 # ----------------------------------------------------------------------------- files
 
 def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_atomic(path, text)
 
 
 def _csv(frame: pd.DataFrame, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False, lineterminator="\n")
-    return path
+    return write_atomic(path, frame.to_csv(index=False, lineterminator="\n"))
 
 
 def category_frame(cat: ColumnCells) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.core.files import write_atomic
 from harness.runs.record import AR_METHOD, Record
 
 N_BOOTSTRAP = 2000
@@ -287,7 +288,7 @@ def summarize(records: list[Record]) -> pd.DataFrame:
 def write_summary(records: list[Record], path: Path) -> pd.DataFrame:
     """Write `summarize(records)` to CSV at `path` and return the rounded frame as written."""
     df = summarize(records).round(ROUNDING)
-    df.to_csv(path, index=False)
+    write_atomic(path, df.to_csv(index=False))
     return df
 
 

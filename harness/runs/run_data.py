@@ -74,6 +74,7 @@ class RunData:
     parameters: dict[str, int]  # config hash -> drafter parameters (meta.json)
     ablation: dict | None = None
     _by_row: dict[Row, list[Record]] = field(default_factory=dict)
+    skipped: int = 0       # invalid records left out (--skip-invalid); the captions count them
 
     @property
     def columns(self) -> list[str]:
@@ -124,13 +125,16 @@ def _row_of(rec: Record, names: dict[str, str]) -> Row:
     return Row(rec.temperature, rec.method, chash, rec.acceptance, name, rec.lossy, departures)
 
 
-def load_run(path: Path) -> RunData:
-    """Records (deduplicated by key) and meta of a run folder, with its rows in table order."""
+def load_run(path: Path, skip_invalid: bool = False) -> RunData:
+    """Records (deduplicated by key) and meta of a run folder, with its rows in table order. A
+    record whose fields disagree (harness/runs/record.py:record_problem) is refused, naming its
+    line; with `skip_invalid` it is left out and counted (`RunData.skipped`)."""
     rd = RunDir(Path(path))
     if not rd.records_path.exists():
         raise SpecbenchError(f"{path} has no records.jsonl: not a run directory")
     meta = rd.read_meta() or {}
-    records = attach_divergences(dedupe(rd.read_records()))
+    checked, skipped = rd.checked_records(skip_invalid)
+    records = attach_divergences(dedupe(checked))
     if not records:
         raise SpecbenchError(f"{rd.records_path} holds no records yet")
     config = meta.get("config", {})
@@ -175,4 +179,4 @@ def load_run(path: Path) -> RunData:
     wanted = [b for b in config.get("benchmarks", []) if b in present]
     benchmarks = wanted + [b for b in present if b not in wanted]
     return RunData(Path(path), records, meta, benchmarks, rows, ar_rows, parameters,
-                   config.get("ablation"), by_row)
+                   config.get("ablation"), by_row, skipped)

@@ -21,6 +21,7 @@ from harness.core.hashing import config_hash
 from harness.core.packed_linear import WEIGHT_FORMATS
 from harness.core.tree import DraftTree
 from methods.common import checkpoint_io
+from methods.common.config_types import Takes, check_values, one_of
 from methods.common.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_vocab_key
 
 if TYPE_CHECKING:  # annotations only: importing the loop would pull transformers into every drafter import
@@ -36,6 +37,8 @@ class Drafter(nn.Module):
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    # What a key takes where its default does not say it all (methods/common/config_types.py).
+    config_types: ClassVar[dict[str, Takes]] = {}
     arch_keys: ClassVar[tuple[str, ...]] = ()
     trainable: ClassVar[bool] = False
     # What tables, plots and `cli.py list` show; read only through methods.registry.method_info.
@@ -62,14 +65,22 @@ class Drafter(nn.Module):
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
-        """Defaults updated with `overrides`; an unknown key is a one-line error."""
+        """Defaults updated with `overrides`; an unknown key, a value the key does not take
+        (`config_types`) or keys that do not fit together (`check_config`) is a one-line error."""
         for key in overrides:
             if key not in cls.defaults:
                 raise SpecbenchError(
                     f"method '{cls.name}' has no config key '{key}'{did_you_mean(key, cls.defaults)}; "
                     f"keys: {', '.join(sorted(cls.defaults))}"
                 )
-        return {**cls.defaults, **overrides}
+        check_values(cls, overrides)
+        config = {**cls.defaults, **overrides}
+        cls.check_config(config)
+        return config
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Refuse (SpecbenchError) a resolved config whose keys do not fit together; none here."""
 
     @classmethod
     def departures(cls, config: dict[str, Any]) -> list[str]:
@@ -139,6 +150,7 @@ class LearnedDrafter(Drafter):
     own weights only (the target's frozen embedding and LM head are never copied)."""
 
     trainable = True
+    config_types = {"weights": one_of(*WEIGHT_FORMATS)}
     default_lr: ClassVar[float] = 1e-3
     weights_from: ClassVar[str | None] = None  # EAGLE-2 reads EAGLE's weights
     full_vocab_paper: ClassVar[bool] = True    # the paper drafts from the whole vocabulary (not EAGLE-3)

@@ -22,6 +22,7 @@ from harness.core.tree import DraftTree
 from harness.core.tree_build import CandidatePool, build_tree
 from methods.common.base import LearnedDrafter
 from methods.common.checkpoint_io import read_config, read_state
+from methods.common.config_types import integer
 from methods.common.official_layout import KeyMap, OfficialFiles, exported, target_field, vocab_departure
 from methods.common.losses import masked_smooth_l1
 
@@ -40,6 +41,9 @@ class EagleCore(LearnedDrafter):
     defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1,
                                 "draft_vocab": 8192, "weights": "native"}
     arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab")
+    # top_k, depth and total_tokens: the dynamic trees' (EAGLE-2, EAGLE-3, Gumiho).
+    config_types = {"layers": integer(1), "rollout_steps": integer(1), "draft_vocab": integer(0),
+                    "top_k": integer(1), "depth": integer(1), "total_tokens": integer(2, words=("auto",))}
     first_input_norm = False
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -119,6 +123,22 @@ class EagleCore(LearnedDrafter):
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
         """Dynamic trees (EAGLE-2, Gumiho): `total_tokens` counts the root, so N drafts is N + 1."""
         return {"total_tokens": budget if budget == "auto" else int(budget) + 1}
+
+    @classmethod
+    def candidates(cls, config: dict[str, Any]) -> int:
+        """How many candidates a dynamic tree keeps its nodes from: `top_k` beams expanded `depth`
+        times (`dynamic_tree`), top_k + depth * top_k^2."""
+        return config["top_k"] + config["depth"] * config["top_k"] ** 2
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """A fixed tree budget (`total_tokens`) the candidates cannot fill is refused, not capped."""
+        total = config.get("total_tokens", "auto")
+        if total != "auto" and total - 1 > cls.candidates(config):
+            raise SpecbenchError(
+                f"method '{cls.name}': total_tokens={total} asks for {total - 1} draft tokens per verify, but its "
+                f"tree keeps at most {cls.candidates(config)} (top_k {config['top_k']}, depth {config['depth']}); "
+                "lower --tree-budget / total_tokens, or raise top_k or depth")
 
     def tree_budget(self, scores: list[float]) -> int:
         """Draft nodes a dynamic tree keeps out of candidates with these cumulative log-probs:
