@@ -133,6 +133,7 @@ def peer_record(result: dict, probe: dict[str, Any], config: dict[str, Any], imp
     return Record(method=probe["method"], method_config=config, config_hash=probe["config_hash"],
                   target=cfg.target, dtype=str(target.dtype).replace("torch.", ""), device="cpu",
                   benchmark=probe["benchmark"], question_id=probe["question_id"], category=probe.get("category", ""),
+                  question_sha256=probe.get("question_sha256"),
                   turn=probe["turn"], temperature=probe["temperature"], top_p=float(cfg.top_p),
                   acceptance=probe["acceptance"], seed=probe["seed"], prompt_tokens=prompt_len,
                   new_tokens=len(out), output_ids=out, stop_reason=stop, wall_s=float(result["wall_s"]),
@@ -211,9 +212,10 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
                     continue
                 ids, messages = peer_prompt_ids(target, q, turn, histories.get((bench, q.question_id), []))
                 probe = {"method": method, "config_hash": chash, "benchmark": bench, "question_id": q.question_id,
-                         "category": q.category, "turn": turn, "temperature": float(temperature),
-                         "acceptance": acceptance, "seed": answer_seed(cfg.seed, bench, q.question_id, turn)}
-                key = record_key({k: v for k, v in probe.items() if k != "category"})
+                         "category": q.category, "question_sha256": q.sha256 or None, "turn": turn,
+                         "temperature": float(temperature), "acceptance": acceptance,
+                         "seed": answer_seed(cfg.seed, bench, q.question_id, turn)}
+                key = record_key({k: v for k, v in probe.items() if k not in ("category", "question_sha256")})
                 probes[key] = (probe, ids, messages)
                 prompts.append({"key": key, "ids": ids, "max_new_tokens": cfg.max_new_tokens,
                                 "temperature": float(temperature), "seed": probe["seed"]})
