@@ -61,3 +61,55 @@ def test_a_busy_or_missing_repository_never_stops_training(tmp_path):
     outside = tmp_path / "plain"
     outside.mkdir()
     assert "not inside a git checkout" in StateCommitter(outside, 0, "x").maybe_commit(1, force=True)
+
+
+def test_a_training_cut_by_the_end_of_a_session_resumes_from_git_on_another_checkout(tiny_target, tmp_path,
+                                                                                      monkeypatch):
+    """The session ends mid-training (a stop signal: the trainer saves and commits); the next
+    session starts on a new machine with only a clone of the repository; the resumed training
+    ends with the weights of an uninterrupted run of the same seed."""
+    import torch
+
+    from harness.train.trainer import TrainConfig, Trainer
+    from methods.medusa import Medusa
+    from tests.train_helpers import tiny_dataset
+
+    data = tiny_dataset(tiny_target, n=24, new_tokens=16)
+
+    def cfg():
+        return TrainConfig(steps=10, lr=3e-3, warmup=2, tokens_per_batch=512, max_len=64, save_every=3,
+                           eval_every=100, autocast="off")
+
+    torch.manual_seed(3)
+    ref = Medusa(tiny_target, {"heads": 2})
+    Trainer(ref, data, cfg(), tmp_path / "ref").train()
+
+    repo = make_repo(tmp_path)
+    out = repo / "checkpoints" / "in-training" / "medusa"
+    torch.manual_seed(3)
+    d = Medusa(tiny_target, {"heads": 2})
+    real, calls = Medusa.loss, {"n": 0}
+
+    def stopped(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 8:  # the session ends during step 8
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(Medusa, "loss", stopped)
+    try:
+        Trainer(d, data, cfg(), out, commit_every_s=1e-9).train()
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(Medusa, "loss", real)
+    assert "training state: medusa medusa at step 7" in git(repo, "log", "-1", "--format=%s")
+
+    clone = tmp_path / "next-machine"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    torch.manual_seed(12345)  # a fresh process: everything must come from the committed state
+    d2 = Medusa(tiny_target, {"heads": 2})
+    t2 = Trainer(d2, data, cfg(), clone / "checkpoints" / "in-training" / "medusa")
+    assert t2.try_resume() and t2.step == 7
+    t2.train()
+    for (k, a), b in zip(ref.state_dict().items(), d2.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), k
