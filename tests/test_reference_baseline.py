@@ -4,9 +4,9 @@ Greedy τ in float32 on a CPU is deterministic, so a drop means the drafter, the
 verifier changed. Every drafter whose reference weights are committed under
 `checkpoints/smollm2-135m/` is in the baseline (`results/baselines/`), on all six benchmarks; `pld`
 needs none. The same run also proves greedy exactness with the real weights: no answer may differ
-from AR's. The baseline was made on an AMD EPYC without AMX; the 2-benchmark baseline before it,
-made on Sapphire Rapids with AMX, gave the same τ in all 12 of its cells on the EPYC, so float32 τ
-is compared across CPU kinds with the default tolerance (regress only warns about the flags).
+from AR's. The baseline was made on an Intel Xeon with AMX; the one before it, made on an AMD EPYC
+without AMX, gave the same τ in all 36 cells of the learned drafters here, so float32 τ is compared
+across CPU kinds with the default tolerance (regress only warns about the flags).
 """
 from __future__ import annotations
 
