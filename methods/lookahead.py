@@ -3,7 +3,8 @@ grows a pool of n-grams, and the pool's n-grams that start with the root are ver
 branches run in the same target forward. Training-free.
 
 The algorithm and its settings are those of Spec-Bench's runner (`evaluation/inference_lookahead.py`
-with `model/lade`: level N = 3, window W = 10, guess set G = 10):
+with `model/lade`: level N = 3, window W = 10, guess set G = 10; its `eval.sh` ran the leaderboard
+with N = 5, W = 7, G = 7: `--set lookahead.level=5 --set lookahead.window=7 --set lookahead.guess=7`):
   * The window holds N-1 levels of W guesses each (level 0 one shorter). In every verify forward
     each window token is a side row (harness/core/tree.py: `SideRows`): level 0 is a causal run
     after the root, and the token of level l in column j sees the root, level 0's tokens before
