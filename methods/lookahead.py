@@ -103,6 +103,7 @@ class Lookahead(Drafter):
     year = 2024
     color = "#56B4E9"
     order = 15
+    resumable = False  # the window and the pool come from earlier forwards, not from the context
     defaults: dict[str, Any] = {
         "window": 10,          # W: columns of the Jacobi window (Spec-Bench runner --window)
         "level": 3,            # N: n-gram size; the window keeps N-1 levels (--level)

@@ -45,6 +45,10 @@ class Drafter(nn.Module):
     order: ClassVar[int] = 100            # position in tables (paper order; lower first)
     acceptance_rules: ClassVar[tuple[str, ...]] = ("greedy", "lossless")
     checkpoint_layout: ClassVar[str] = ""  # official checkpoint layout it loads, one line
+    # Whether a fresh `begin` on an answer's context proposes what the drafter that observed the
+    # answer's steps proposes there (check-method resumes answers to see it). False: proposals
+    # rest on what earlier forwards computed (Lookahead's Jacobi window), not on the context alone.
+    resumable: ClassVar[bool] = True
     # Target layers whose inputs (residual states) the drafter reads at prefill and at every verify,
     # beside the last normed hidden state, as a function of the target's layer count (EAGLE-3:
     # 2, L//2, L-3); None: none. The loop passes them on as `TargetOutput.layers` / `Acceptance.layers`.
