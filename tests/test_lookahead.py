@@ -11,6 +11,8 @@ import torch
 import harness.core.verify
 from harness.core.decode import GenerationConfig, generate
 from harness.core.errors import SpecbenchError
+from harness.core.verify import Sampling
+from harness.runs.law_sampling import ForwardReplay, RootMemo, sample_counts
 from methods.lookahead import Lookahead, window_layout
 from tests.test_exactness import prompts
 from tests.test_sampling import (ALPHA_BIASED, ALPHA_FAIR, N_SAMPLES, ar_law, ar_logits, one_thread,  # noqa: F401
@@ -182,6 +184,22 @@ def test_sampling_keeps_the_exact_ar_law(target, ar_logits, monkeypatch, tempera
         return
     assert int(counts[joint == 0].sum()) == 0, "sampled a sequence outside top-p"
     assert p > ALPHA_FAIR, f"lookahead sampling differs from the AR law: chi2 = {stat:.1f}, df = {df}, p = {p:.3g}"
+
+
+def test_the_law_sampler_replays_a_prefill_with_side_rows(tiny_target):
+    """check-method's law sampler computes the prefill and each first verify once per distinct input
+    and replays them; with the window's side rows in the prefill it still does, and every sample
+    draws what it draws computed afresh."""
+    prompt = prompts(tiny_target.vocab_size, 1)[0]
+    sampling = Sampling(1.0, 1.0, "lossless")
+    fresh, _ = sample_counts(tiny_target, prompt, RootMemo(SeededPool(tiny_target)), sampling, 40)
+    replay = tiny_target.forward = ForwardReplay(tiny_target, prompt)
+    try:
+        replayed, _ = sample_counts(tiny_target, prompt, RootMemo(SeededPool(tiny_target)), sampling, 40)
+    finally:
+        del tiny_target.forward
+    assert replayed == fresh
+    assert replay.computed <= 1 + len({t1 for t1, _ in fresh}) and replay.replayed > 0
 
 
 def test_a_budget_caps_the_verified_drafts(tiny_target):
