@@ -26,6 +26,7 @@ ENTRY_POINT_GROUP = "specbench.methods"
 # name -> "module:Class"; "ar" (plain decoding) is not a drafter and is handled by the runner.
 _ENTRIES: dict[str, str] = {
     "pld": "methods.pld:PromptLookupDrafter",
+    "lookahead": "methods.lookahead:Lookahead",
     "medusa": "methods.medusa:Medusa",
     "hydra": "methods.hydra:Hydra",
     "eagle": "methods.eagle:Eagle",

@@ -1,4 +1,4 @@
-"""Drafters for tests/test_check_method.py: a correct one, and three that each break one rule of
+"""Drafters for tests/test_check_method.py: a correct one, and four that each break one rule of
 the drafter contract (`python cli.py check-method tests.broken_drafters:<Class> --target tiny`).
 
 `ContextLookup` keeps its own copy of the committed context (begin starts it, observe extends it)
@@ -42,6 +42,18 @@ class IgnoresObserve(ContextLookup):
 
     def observe(self, step) -> None:
         pass
+
+
+class ForgetsNothing(ContextLookup):
+    """Broken protocol for a drafter whose proposals rest on its history (`resumable = False`, so no
+    resumed answer is compared): begin keeps the earlier answers' tokens, so a repeated answer
+    proposes other trees than the first time."""
+
+    name = "forgets-nothing"
+    resumable = False
+
+    def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
+        self.context = getattr(self, "context", []) + prompt.tolist() + [root]
 
 
 class ChildBeforeParent(ContextLookup):

@@ -54,6 +54,7 @@ def test_every_builtin_method_passes_on_the_tiny_target(tiny, deep_tiny, name):
     ("BiasedBonus", "law", "do not follow AR's law", 2000),
     ("ChildBeforeParent", "tree", "parents before children: node 1's parent 2 comes after it", 400),
     ("IgnoresObserve", "protocol", "a proposal ignores what observe told it", 400),
+    ("ForgetsNothing", "protocol", "begin does not reset the drafter's state", 400),
 ])
 def test_a_broken_drafter_fails_naming_its_rule(tiny, drafter, rule, needle, samples):
     card = check_method(f"tests.broken_drafters:{drafter}", CheckOptions(**{**FAST, "law_samples": samples}), target=tiny)

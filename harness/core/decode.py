@@ -14,6 +14,13 @@ indices, and reads back only what the acceptance rule must read (harness/core/ve
 [N+1] argmax ids under greedy, one [V] distribution per accepted depth when sampling), plus the
 top-1 logit and gap of the path's rows when AR records them. Every clock is a `Clock` on the
 target's devices (harness/core/timing.py), which waits for queued kernels before it reads.
+
+Side rows (harness/core/tree.py: `SideRows`, Lookahead's Jacobi window) ride in the same forwards:
+a tree may carry them, and a drafter may ask for some after the prompt in the prefill's forward
+(`prefill_rows`). The loop splits their logits off the forward's output (`split_side_rows`), so the
+acceptance rule, the trace and the cache commit see the tree's rows only, and hands them to the
+drafter (`begin`'s prefill output and `Acceptance.side_logits`); their cache rows are never kept.
+A tree without side rows, and AR, run exactly as before.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ from harness.core.kvcache import KVCache
 from harness.core.packed_linear import weight_format
 from harness.core.target import Target, TargetOutput
 from harness.core.timing import Clock, Phase, PhaseTimer, untimed
-from harness.core.tree import DraftTree
+from harness.core.tree import DraftTree, SideRows
 from harness.core.verify import Sampling, Verdict, greedy_tokens, processed_probs, sample, verify
 
 # Stop reasons after which the drafter is not told about the step: the sequence is over.
@@ -62,6 +69,7 @@ class Acceptance:
     bonus: int                 # the target's next token (the next root)
     logits: torch.Tensor | None = None  # [A+1, V] target logits on the path (Medusa-style heads)
     layers: dict[int, torch.Tensor] | None = None  # {i: [A+1, H]} inputs of the layers the drafter asks for
+    side_logits: torch.Tensor | None = None  # [S, V] target logits at the tree's side rows, if it had any
 
     @property
     def accepted(self) -> int:
@@ -167,13 +175,53 @@ def feature_layers(drafter) -> list[int] | None:
     return (layers() or None) if layers is not None else None
 
 
+def prefill_side_rows(drafter, prompt: torch.Tensor) -> SideRows | None:
+    """The side rows the drafter asks to run after the prompt in the prefill's forward (its
+    `prefill_rows`), or None."""
+    rows = getattr(drafter, "prefill_rows", None)
+    return rows(prompt) if rows is not None else None
+
+
+def first_rows(layers: dict[int, torch.Tensor] | None, n: int) -> dict[int, torch.Tensor] | None:
+    """The first n rows of each captured layer input ({i: [n, H]})."""
+    return {i: h[:n] for i, h in layers.items()} if layers else layers
+
+
+def split_side_rows(out: TargetOutput, n: int) -> TargetOutput:
+    """The forward's output [n+S, ...] as the first n rows', with the last S rows' logits as
+    `side_logits` [S, V]."""
+    return TargetOutput(out.logits[:n], out.hidden[:n], first_rows(out.layers, n), out.logits[n:])
+
+
+def prefill_with_side_rows(target: Target, cache: KVCache, prompt: torch.Tensor, side: SideRows,
+                           layers: list[int] | None) -> TargetOutput:
+    """The prefill's forward over the prompt [P] and then the side rows [S] (the prompt causal, the
+    side rows after it as their mask [S, 1+S] says, positions from the prompt's last); the cache
+    keeps the prompt's rows only. Returns the prompt's output (logits of its last row) with the
+    side rows' logits."""
+    n = prompt.numel()
+    mask = torch.ones(n + side.size, n + side.size, dtype=torch.bool).tril()
+    mask[n:, n - 1:] = side.mask
+    positions = torch.cat((torch.arange(n), n - 1 + side.offsets))
+    out = target.forward(torch.cat((prompt, side.tokens)), cache, position_ids=positions, tree_mask=mask,
+                         logits="none", layers=layers)
+    cache.crop_to(n)
+    logits = target.project(out.hidden[n - 1:])  # [1+S, V]: the prompt's last row, then the side rows
+    return TargetOutput(logits[:1], out.hidden[:n], first_rows(out.layers, n), logits[1:])
+
+
 def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, generator: torch.Generator | None,
             drafter=None) -> tuple[KVCache, TargetOutput, int]:
     """1. The prompt goes into a new cache; its last logits give the first new token (the root),
-    and the drafter starts a sequence on the prompt's features. Returns (cache, prefill output, root)."""
+    and the drafter starts a sequence on the prompt's features (and on the logits of the side rows
+    it asked to run after the prompt). Returns (cache, prefill output, root)."""
     cache = target.new_cache(capacity=len(prompt_ids) + cfg.max_new_tokens + 80)
     prompt = torch.tensor(prompt_ids)
-    prefilled = target.forward(prompt, cache, logits="last", layers=feature_layers(drafter))
+    side = prefill_side_rows(drafter, prompt)
+    if side is None:
+        prefilled = target.forward(prompt, cache, logits="last", layers=feature_layers(drafter))
+    else:
+        prefilled = prefill_with_side_rows(target, cache, prompt, side, feature_layers(drafter))
     root = pick_token(prefilled.logits[-1], cfg.sampling, generator)
     if drafter is not None:
         with drafting_weights(drafter):
@@ -189,7 +237,7 @@ def observe(drafter, tree: DraftTree, verified: TargetOutput, verdict: Verdict) 
     with drafting_weights(drafter):
         layers = {i: h[rows.to(h.device)] for i, h in verified.layers.items()} if verified.layers else None
         drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[rows], verdict.bonus,
-                                   verified.logits[rows], layers))
+                                   verified.logits[rows], layers, verified.side_logits))
 
 
 @dataclass
@@ -197,7 +245,7 @@ class Step:
     """What one speculative step did, and its clock (filled by the loop's trace; 0.0 untimed)."""
 
     tree: DraftTree
-    verified: TargetOutput  # logits [N+1, V] and hidden [N+1, H] of root + tree nodes
+    verified: TargetOutput  # logits [N+1, V] and hidden [N+1, H] of root + tree nodes (+ side_logits [S, V])
     verdict: Verdict
     kept: list[int]         # new tokens the answer kept (accepted drafts + bonus, after trimming)
     draft_s: float = 0.0    # propose + observe
@@ -218,14 +266,16 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
             with drafting_weights(drafter):
                 tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
     with phase("verify"):
-        # One target forward over root + tree on top of the cached prefix; the acceptance rule
-        # picks a path, and only that path's cache rows are kept.
+        # One target forward over root + tree (+ side rows) on top of the cached prefix; the
+        # acceptance rule picks a path, and only that path's cache rows are kept.
         start = cache.length
         tokens, positions, mask = tree.verify_inputs(target.input_device, start)
-        verified = target.forward(tokens, cache, position_ids=positions, tree_mask=mask if tree.size else None,
+        verified = target.forward(tokens, cache, position_ids=positions, tree_mask=mask if tree.width > 1 else None,
                                   layers=feature_layers(drafter))
+        if tree.side is not None:
+            verified = split_side_rows(verified, tree.size + 1)
         verdict = verify(tree, verified.logits, sampling, generator)
-        if tree.size:
+        if tree.width > 1:
             cache.commit(start, torch.tensor(verdict.path, device=target.device))
     kept = answer.extend(tree.tokens[verdict.path[1:]].tolist() + [verdict.bonus])
     with phase("observe"):

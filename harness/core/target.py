@@ -53,11 +53,14 @@ def cache_root() -> Path:
 @dataclass
 class TargetOutput:
     """logits: [n, V] (rows asked for); hidden: [n, H] last layer after the final norm;
-    layers: {i: [n, H]} residual states entering decoder layer i, when asked for."""
+    layers: {i: [n, H]} residual states entering decoder layer i, when asked for;
+    side_logits: [S, V] logits of a drafter's side rows (harness/core/tree.py: SideRows) that ran
+    in the same forward, split off by the loop (harness/core/decode.py); None without."""
 
     logits: torch.Tensor | None
     hidden: torch.Tensor
     layers: dict[int, torch.Tensor] | None = None
+    side_logits: torch.Tensor | None = None
 
 
 def hf_folder(spec: str) -> Path:

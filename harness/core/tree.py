@@ -3,6 +3,11 @@
 A tree holds N+1 nodes: node 0 is the root (the last token the target chose, not yet in the KV
 cache) and nodes 1..N are draft tokens. Parents come before children (`parents[i] < i`), so one
 pass in index order builds ancestor masks and depths.
+
+A tree may also carry `SideRows`: S more rows the target runs in the same forward for the drafter
+alone (Lookahead's Jacobi window). They come after the N+1 tree rows, see what their own mask
+says, and no tree row sees them, so the acceptance rule reads the same logits with or without
+them; the loop hands their logits to the drafter and never keeps their cache rows.
 """
 from __future__ import annotations
 
@@ -10,6 +15,34 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+
+
+@dataclass
+class SideRows:
+    """Rows a drafter adds to the verify forward for its own use, never verified or committed.
+
+    tokens [S]; offsets [S]: each row's position minus the root's; mask [S, N+1+S] bool: which of
+    the root, the N draft nodes and the S side rows (in that order) each row sees. The cached
+    prefix is always seen. In the prefill (`Drafter.prefill_rows`) the same rows hang under the
+    prompt's last token as under a root with no draft nodes: mask [S, 1+S], offsets from it.
+    """
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    mask: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.tokens = self.tokens.reshape(-1).long().cpu()
+        self.offsets = self.offsets.reshape(-1).long().cpu()
+        self.mask = self.mask.bool().cpu()
+        if self.offsets.numel() != self.tokens.numel() or self.mask.dim() != 2 \
+                or self.mask.shape[0] != self.tokens.numel():
+            raise ValueError(f"side rows: {self.tokens.numel()} tokens, {self.offsets.numel()} offsets, "
+                             f"mask {list(self.mask.shape)}")
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
 
 
 @dataclass
@@ -31,6 +64,7 @@ class DraftTree:
     extra_mask: list[tuple[int, int]] = field(default_factory=list)
     # Verifier-only edges (Gumiho's paper-FTA): node -> extra nodes tried as if they were its children.
     extra_children: dict[int, list[int]] = field(default_factory=dict)
+    side: SideRows | None = None  # rows for the drafter alone, after the tree's (SideRows)
 
     def __post_init__(self) -> None:
         # Host tensors: the acceptance rule walks them in Python; `verify_inputs` makes the
@@ -42,6 +76,9 @@ class DraftTree:
         par = self.parents.tolist()
         if par[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(par) if i):
             raise ValueError(f"parents must satisfy parents[0] == -1 and 0 <= parents[i] < i: {par}")
+        if self.side is not None and self.side.mask.shape[1] != len(par) + self.side.size:
+            raise ValueError(f"side rows' mask has {self.side.mask.shape[1]} columns, not root + "
+                             f"{len(par) - 1} nodes + {self.side.size} side rows")
 
     @classmethod
     def chain(cls, root: int, drafts: list[int] | torch.Tensor) -> "DraftTree":
@@ -60,6 +97,11 @@ class DraftTree:
     def size(self) -> int:
         """Number of draft nodes (root excluded)."""
         return self.tokens.numel() - 1
+
+    @property
+    def width(self) -> int:
+        """Rows of the verify forward: the root, the draft nodes and any side rows."""
+        return self.tokens.numel() + (self.side.size if self.side is not None else 0)
 
     @cached_property
     def parent_list(self) -> list[int]:
@@ -110,9 +152,22 @@ class DraftTree:
         """What the target's verify forward takes, on `device` (the target's input device): tokens
         [N+1], position ids `start + depth` [N+1] and the attention mask [N+1, N+1] (bool). Made
         from the host parent list (microseconds of Python for the 129 nodes a tree may have) and
-        written to the device in two copies, never built row by row there (a kernel per row)."""
+        written to the device in two copies, never built row by row there (a kernel per row).
+        With side rows: tokens and positions [N+1+S], the mask [N+1+S, N+1+S] (tree rows as
+        without them, side rows as their mask says)."""
+        if self.side is not None:
+            return self._with_side_rows(device, start)
         ids = torch.stack((self.tokens, self.depths + start)).to(device)
         return ids[0], ids[1], self.attention_mask.to(device)
+
+    def _with_side_rows(self, device: torch.device, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n, side = self.tokens.numel(), self.side
+        ids = torch.stack((torch.cat((self.tokens, side.tokens)),
+                           torch.cat((self.depths, side.offsets)) + start)).to(device)
+        mask = torch.zeros(n + side.size, n + side.size, dtype=torch.bool)
+        mask[:n, :n] = self.attention_mask
+        mask[n:] = side.mask
+        return ids[0], ids[1], mask.to(device)
 
     def paths(self) -> list[list[int]]:
         """Every root->leaf path as node indices (the rows of `retrieve_indices`)."""

@@ -1,5 +1,6 @@
 """Building draft trees, once for every drafter: a static tree of rank paths walked level by level
-(Medusa, Hydra, EAGLE-1), and a pool of scored candidates cut to a budget (EAGLE-2, Gumiho).
+(Medusa, Hydra, EAGLE-1), a pool of scored candidates cut to a budget (EAGLE-2, Gumiho), and a
+trie of token sequences (Lookahead's n-grams).
 
 A drafter supplies only what is its own: for a static tree, a callback that ranks the children
 of the nodes expanded at one depth (Medusa's heads on one feature, Hydra's per-path states,
@@ -8,7 +9,7 @@ node order of the result are decided here, so every method builds them the same 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -142,3 +143,24 @@ def build_tree(root: int, nodes: list[Node]) -> DraftTree:
     return DraftTree(torch.tensor([root] + [n.token for n in nodes]),
                      torch.tensor([-1] + [n.parent + 1 for n in nodes]),
                      scores=torch.tensor([0.0] + [n.score for n in nodes]))
+
+
+# ---- tries of token sequences -------------------------------------------------------------
+def trie_tree(root: int, sequences: Iterable[Sequence[int]], max_depth: int, max_nodes: int | None = None) -> DraftTree:
+    """Token sequences under `root` merged into one tree, a shared prefix drafted once. Each is cut
+    to `max_depth` tokens; nodes are added in the order given until `max_nodes` (None: no limit),
+    so the sequence that reaches the limit keeps only the prefix that fits."""
+    tokens, parents = [root], [-1]
+    child: dict[tuple[int, int], int] = {}  # (node, token) -> node
+    for seq in sequences:
+        node = 0
+        for tok in list(seq)[:max(0, max_depth)]:
+            nxt = child.get((node, tok))
+            if nxt is None:
+                if max_nodes is not None and len(tokens) - 1 >= max_nodes:
+                    return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+                nxt = child[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+            node = nxt
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents))

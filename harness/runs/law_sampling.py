@@ -30,17 +30,19 @@ ROOM = 127  # tokens left after the first one in a 128-token answer
 
 class ForwardReplay:
     """Target.forward that memoises what every sample recomputes. A sample makes at most two target
-    forwards: the prompt's prefill into an empty cache, then one verify on top of exactly that
-    prefix. Both are functions of their inputs alone (the cached prefix is the same prompt), so
-    each distinct input is computed once and its output and new KV rows replayed afterwards
-    (bit-identical to recomputing: same kernels, same inputs, same thread count). Anything else
-    (a second step, another prefix) runs for real. With a deterministic tree per root (top-k trees,
-    pld) a sample then costs one draft; a drafter that samples its tree just misses the memo."""
+    forwards: the prompt's prefill into an empty cache (with any side rows a drafter runs after the
+    prompt, Lookahead's first window: the loop then crops the cache back to the prompt), then one
+    verify on top of exactly that prefix. Both are functions of their inputs alone (the cached
+    prefix is the same prompt), so each distinct input is computed once and its output and new KV
+    rows replayed afterwards (bit-identical to recomputing: same kernels, same inputs, same thread
+    count). Anything else (a second step, another prefix) runs for real. With a deterministic tree
+    per root (top-k trees, pld) a sample then costs one draft; a drafter that samples its tree just
+    misses the memo."""
 
     def __init__(self, target: Target, prompt: list[int], max_entries: int = 256) -> None:
         self.real = target.forward
         self.prompt = torch.tensor(prompt)
-        self.prefill = None
+        self.prefill = None  # (key of its inputs, (output, KV rows))
         self.steps: OrderedDict = OrderedDict()  # LRU: a verify's logits are ~12 MB
         self.max_entries = max_entries
         self.pristine = None  # the cache that holds the prompt's prefill and nothing else
@@ -48,14 +50,15 @@ class ForwardReplay:
 
     def __call__(self, input_ids, cache, position_ids=None, tree_mask=None, logits="all", layers=None):
         n_prompt = self.prompt.numel()
-        if cache.length == 0 and input_ids.numel() == n_prompt and torch.equal(input_ids.cpu(), self.prompt):
-            self.prefill = self._run_or_replay(self.prefill, input_ids, cache, position_ids, tree_mask, logits, layers)
+        key = tuple(None if t is None else (tuple(t.shape), t.cpu().numpy().tobytes())
+                    for t in (input_ids, position_ids, tree_mask)) + (logits, tuple(layers or ()))
+        if cache.length == 0 and input_ids.numel() >= n_prompt and torch.equal(input_ids[:n_prompt].cpu(), self.prompt):
+            entry = self.prefill[1] if self.prefill is not None and self.prefill[0] == key else None
+            self.prefill = (key, self._run_or_replay(entry, input_ids, cache, position_ids, tree_mask, logits, layers))
             self.pristine = cache
-            return self.prefill[0]
+            return self.prefill[1][0]
         if cache is self.pristine and cache.length == n_prompt:
             self.pristine = None
-            key = tuple(None if t is None else (tuple(t.shape), t.cpu().numpy().tobytes())
-                        for t in (input_ids, position_ids, tree_mask)) + (logits, tuple(layers or ()))
             entry = self.steps.pop(key, None)
             entry = self._run_or_replay(entry, input_ids, cache, position_ids, tree_mask, logits, layers)
             self.steps[key] = entry

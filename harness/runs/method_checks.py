@@ -10,7 +10,9 @@ loop (harness/core/decode.py) and adds one row to the `Card`, naming the rule it
                children, depths, the answer's room and the tree budget, q rows
   protocol     begin / propose / observe in order survive a resumed answer: a proposal reached
                through observe equals (or nests with) the one a fresh `begin` on the same context
-               gives, and a second answer after those resumptions proposes as the first did
+               gives, and a second answer after those resumptions proposes as the first did (a
+               drafter that declares `resumable = False`, whose proposals rest on what earlier
+               forwards computed, is held to the second answer only)
   checkpoint   trainable methods: save_pretrained then from_pretrained proposes the same trees
   timing       draft ms per step against the AR step (information: seconds never fail a check)
 A `Recorder` wraps the drafter so the checks read its proposals after the loop, never while its
@@ -280,7 +282,8 @@ def check_protocol(target: Target, drafter, rec: Recorder, prompts, opts: CheckO
     by_prompt = split_by_prompt(rec.proposals, prompts)
     compared = agreed = one_empty = ties = 0
     first_miss = ""
-    for (label, p), props in zip(prompts, by_prompt):
+    resumable = getattr(drafter, "resumable", True)
+    for (label, p), props in zip(prompts if resumable else [], by_prompt):
         picks = props[1:][:: max(1, math.ceil((len(props) - 1) / max(1, opts.resumes)))][: opts.resumes]
         for pr in picks:
             if token_paths(pr.tree) is None:
@@ -314,6 +317,9 @@ def check_protocol(target: Target, drafter, rec: Recorder, prompts, opts: CheckO
     elif not repeat:
         card.add("protocol", "fail", f"a second answer to '{label}' after the resumed ones proposes other trees "
                  "than the first: begin does not reset the drafter's state")
+    elif not resumable:
+        card.add("protocol", "pass", "a repeated answer proposes the same trees (no resumed answer compared: "
+                 "its proposals rest on earlier forwards, `resumable = False`)")
     elif not compared:
         card.add("protocol", "warn", f"not exercised: {resumed}")
     else:

@@ -19,7 +19,7 @@ from harness.core.draft_layers import DecoderStack
 from harness.core.errors import SpecbenchError, did_you_mean
 from harness.core.hashing import config_hash
 from harness.core.packed_linear import WEIGHT_FORMATS
-from harness.core.tree import DraftTree
+from harness.core.tree import DraftTree, SideRows
 from methods.common import checkpoint_io
 from methods.common.config_types import Takes, check_values, one_of
 from methods.common.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_vocab_key
@@ -49,6 +49,10 @@ class Drafter(nn.Module):
     order: ClassVar[int] = 100            # position in tables (paper order; lower first)
     acceptance_rules: ClassVar[tuple[str, ...]] = ("greedy", "lossless")
     checkpoint_layout: ClassVar[str] = ""  # official checkpoint layout it loads, one line
+    # Whether a fresh `begin` on an answer's context proposes what the drafter that observed the
+    # answer's steps proposes there (check-method resumes answers to see it). False: proposals
+    # rest on what earlier forwards computed (Lookahead's Jacobi window), not on the context alone.
+    resumable: ClassVar[bool] = True
     # Target layers whose inputs (residual states) the drafter reads at prefill and at every verify,
     # beside the last normed hidden state, as a function of the target's layer count (EAGLE-3:
     # 2, L//2, L-3); None: none. The loop passes them on as `TargetOutput.layers` / `Acceptance.layers`.
@@ -108,9 +112,14 @@ class Drafter(nn.Module):
         return {}
 
     # ---- the decoding protocol ------------------------------------------------------------
+    def prefill_rows(self, prompt: torch.Tensor) -> SideRows | None:
+        """Side rows to run after `prompt` [P] in the prefill's forward (Lookahead's first Jacobi
+        window); their logits reach `begin` as `prefill.side_logits`. None: none (every other method)."""
+        return None
+
     def begin(self, prompt: torch.Tensor, prefill: TargetOutput, root: int) -> None:
         """A new sequence: `prompt` [P] ids, `prefill` holds the prompt's target hidden states
-        [P, H]; `root` is the first new token."""
+        [P, H] (and `side_logits` [S, V] of the `prefill_rows` asked for); `root` is the first new token."""
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         """A tree of draft tokens under `ctx.root`, at most `ctx.max_nodes - 1` deep."""
