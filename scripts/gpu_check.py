@@ -492,8 +492,10 @@ def compare_inputs(tg: Targets, name: str, methods: list[str], n: int, budget: i
     folder = tg.folder(name)
     shell = Target.load(str(folder), "cpu", "float32")
     ck_root = tg.work / "checkpoints"
-    for m in methods:
-        if m not in ("pld", "sps") and shell.num_layers >= layers_needed(m):
+    from methods.registry import method_info
+
+    for m in methods:  # only learned drafters have weights to save; training-free ones take settings only
+        if method_info(m).trainable and shell.num_layers >= layers_needed(m):
             d = random_drafter(shell, m, budget)
             d.save_pretrained(ck_root / folder.relative_to(tg.work) / type(d).weights_name())
     draft = perturbed_copy(shell)
@@ -506,7 +508,7 @@ def compare_inputs(tg: Targets, name: str, methods: list[str], n: int, budget: i
     prompt_file.write_text("".join(json.dumps(x) + "\n" for x in lines))
     settings = {"sps.draft": str(tg.work / "targets" / "draft"), "sps.gamma": 4}
     for m in methods:  # inference keys only: the architecture (full vocabulary) is in each checkpoint
-        if m not in ("sps", "pld"):
+        if method_info(m).trainable:
             settings.update({f"{m}.{k}": v for k, v in method_settings(m, budget).items() if k != "draft_vocab"})
     return prompt_file, ck_root, settings
 

@@ -1,8 +1,9 @@
 """Run one official implementation (a peer) on pre-tokenized prompts, inside the peer's own
 virtual environment (scripts/setup_peers.sh): `python -m harness.peers.worker JOB.json`.
 
-This module is the only project code that runs there, so it imports the standard library, torch
-and the peer's own modules, nothing else of specbench. It puts the peer's folder on sys.path,
+This module is the only project code that runs there, so it imports the standard library, torch,
+the peer's own modules and, of specbench, only the one clock (harness/core/timing.py: stdlib and
+torch alone), so a peer's wall time is read the way ours is. It puts the peer's folder on sys.path,
 shims what the peer needs a GPU or an unused dependency for (below), builds the peer's model the
 way the peer's own runner script does, and calls the peer's own forward function for each prompt
 (Spec-Bench's `evaluation/inference_*.py:*_forward`, EAGLE's `eagenerate`, ...). One JSON line per
@@ -22,12 +23,13 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import time
 import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from harness.core.timing import Clock
 
 Generate = Callable[[list[int], int, float], tuple[list[int], list[int]]]
 
@@ -183,6 +185,7 @@ def run(job: dict) -> int:
     generate = build(job)
     out = Path(job["out"])
     done = done_keys(out)
+    clock = Clock()  # the peers run on the CPU here (cpu_shims): no device to wait for
     with torch.no_grad():  # as the peers decode (inference-mode tensors would refuse their in-place cache updates)
         generate(job["prompts"][0]["ids"], 8, 0.0)  # warm-up: first-call allocations are not the method's
     for p in job["prompts"]:
@@ -190,9 +193,9 @@ def run(job: dict) -> int:
             continue
         if p.get("seed") is not None:
             torch.manual_seed(int(p["seed"]))
-        start = time.perf_counter()
+        start = clock.now()
         output_ids, accept = generate(p["ids"], int(p["max_new_tokens"]), float(p["temperature"]))
-        wall = time.perf_counter() - start
+        wall = clock.now() - start
         with out.open("a") as f:
             f.write(json.dumps({"key": p["key"], "output_ids": [int(t) for t in output_ids],
                                 "accept_lengths": [int(a) for a in accept], "prefill_step": prefill_step,

@@ -11,8 +11,9 @@ in between keeps one copy of the state, not one per half hour.
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
+
+from harness.core.timing import now
 
 SUBJECT = "training state:"
 
@@ -34,13 +35,13 @@ class StateCommitter:
         self.folder = Path(folder)
         self.every_s = every_s
         self.label = label
-        self.last = time.monotonic()
+        self.last = now()
         self.root: Path | None = None
 
     def maybe_commit(self, step: int, force: bool = False) -> str | None:
         """Commit the folder if the interval passed (or `force`); returns what happened, or None
         when nothing was due. Never raises for a git failure: it is retried next time."""
-        if not force and time.monotonic() - self.last < self.every_s:
+        if not force and now() - self.last < self.every_s:
             return None
         self.root = self.root or repo_root(self.folder)
         if self.root is None:
@@ -56,8 +57,8 @@ class StateCommitter:
         if done.returncode != 0:
             text = (done.stdout + done.stderr).strip()
             if "nothing to commit" in text or "no changes added" in text:
-                self.last = time.monotonic()
+                self.last = now()
                 return None
             return f"state not committed yet ({text.splitlines()[-1] if text else 'git commit failed'}); retried later"
-        self.last = time.monotonic()
+        self.last = now()
         return f"committed the training state at step {step}" + (" (amending the last)" if amend else "")
