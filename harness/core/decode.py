@@ -37,13 +37,21 @@ FINISHED = ("eos", "stop")
 @dataclass
 class DraftContext:
     """What a drafter may look at when proposing: the committed tokens (prompt + output so far,
-    the root last; the root's KV is not cached yet), the sampling settings and the RNG."""
+    the root last; the root's KV is not cached yet), the sampling settings and the RNG, and the
+    two limits of its tree: the room (depth) and, when set, the budget (size)."""
 
     tokens: list[int]
     root: int
     sampling: Sampling
     generator: torch.Generator | None
     max_nodes: int  # remaining room: never propose deeper than this many new tokens
+    # Most draft nodes the tree may hold; None: as the drafter's config sizes it. Runs size trees by
+    # config (`budget_overrides`); `cli.py check-method` always sets one and holds every drafter to it.
+    budget: int | None = None
+
+    def within_budget(self, nodes: int) -> int:
+        """`nodes` draft nodes, cut to the budget when one is set."""
+        return nodes if self.budget is None else min(nodes, self.budget)
 
     @property
     def position(self) -> int:
@@ -75,6 +83,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     record_logit_gaps: bool = False  # AR greedy: keep top-1 logit and top-2 gap per position
+    tree_budget: int | None = None   # DraftContext.budget of every proposal (None in runs)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -216,7 +225,8 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
             tree = DraftTree.root_only(root)   # plain AR: the root alone
         else:
             with drafting_weights(drafter):
-                tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
+                tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room,
+                                                    answer.cfg.tree_budget))
     with phase("verify"):
         # One target forward over root + tree on top of the cached prefix; the acceptance rule
         # picks a path, and only that path's cache rows are kept.
