@@ -492,7 +492,7 @@ def check_method_cmd(
     data_dir: DataDirOpt = None,
     prompts: Annotated[int, typer.Option(help="greedy prompts per benchmark (first questions)")] = 2,
     max_new_tokens: MaxNewTokensOpt = 48,
-    law_samples: Annotated[int, typer.Option(help="samples of the first speculative step at T>0 for the law check")] = 2000,
+    law_samples: Annotated[int, typer.Option(help="samples of the first speculative step at T>0 for the law check")] = 1000,
     tree_budget: Annotated[str, typer.Option(help="the large of the two budgets (draft tokens per verify) the drafter "
                                              "runs with and is held to, auto, or none: as configured")] = "15",
     checkpoint: CheckpointOpt = None,

@@ -59,7 +59,7 @@ class CheckOptions:
     data_dir: str | Path | None = None
     prompts: int = 2               # per benchmark (the tiny target: this many random prompts per benchmark)
     max_new_tokens: int = 48
-    law_samples: int = 2000
+    law_samples: int = 1000
     q_draws: int = 64              # proposals per state and temperature of a drafter that reports q
     tree_budget: int | str | None = 15   # the large budget ("auto" / None: sized as configured)
     settings: dict[str, Any] = field(default_factory=dict)
