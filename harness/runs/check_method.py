@@ -80,13 +80,13 @@ def at_budget(cls: type, target: Target, opts: CheckOptions, budget: int | str |
     given: nothing to rebuild); the budget reaches every proposal as DraftContext.budget either way."""
     hook = cls.budget_overrides(budget) if budget is not None else {}
     nodes = budget if isinstance(budget, int) else None
-    try:
-        if hook:
-            overrides = {**hook, **opts.settings}
+    if hook:
+        overrides = {**hook, **opts.settings}
+        try:
             return Subject(build_drafter(cls, target, overrides, opts, random_init), nodes, overrides,
                            "through budget_overrides and DraftContext.budget")
-    except SpecbenchError as e:
-        card.config["note"] = f"budget_overrides({budget}) do not build here ({str(e).splitlines()[0]}); as configured"
+        except SpecbenchError as e:
+            card.config["note"] = f"budget_overrides({budget}) do not build here ({str(e).splitlines()[0]}); as configured"
     drafter = reuse.drafter if reuse is not None else build_drafter(cls, target, dict(opts.settings), opts, random_init)
     return Subject(drafter, nodes, dict(opts.settings), "as DraftContext.budget alone" + (
         "" if hook else " (the class has no budget_overrides)"))

@@ -43,11 +43,10 @@ ROOM = 127             # the room of a 128-token answer: the drafter's full tree
 
 @dataclass
 class QFindings:
-    """What the draws showed: PIT values per (temperature, depth), draws by kind, the first problem."""
+    """What the draws showed: PIT values per (temperature, depth), trees with q, the first problem."""
 
     pits: dict[tuple[float, int], list[float]] = field(default_factory=lambda: defaultdict(list))
     with_q: int = 0
-    point_mass: int = 0
     states: int = 0
     problem: str = ""
 
@@ -113,14 +112,12 @@ def draw(target: Target, drafter, contexts: list[list[int]], draws: int, budget:
                 for s in range(1, POINT_MASS_DRAWS):
                     state.begin()
                     again = state.propose(sampling, s, budget)
-                    found.point_mass += 1
                     if again.q is not None or not same_tree(first, again):
                         found.problem = (f"at T={t:g} the same state gave another tree at seed {s} than at seed 0 "
                                          f"({first.tokens[1:].tolist()[:6]} vs {again.tokens[1:].tolist()[:6]}), "
                                          "but the tree reports no q: drafts drawn at random must carry the law "
                                          "they were drawn from (DraftTree.q)")
                         return found
-                found.point_mass += 1
                 continue
             for s in range(draws):
                 tree = first if s == 0 else state.propose(sampling, s, budget)
