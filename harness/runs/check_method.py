@@ -83,12 +83,12 @@ def at_budget(cls: type, target: Target, opts: CheckOptions, budget: int | str |
     if hook:
         overrides = {**hook, **opts.settings}
         try:
-            return Subject(build_drafter(cls, target, overrides, opts, random_init), nodes, overrides,
+            return Subject(build_drafter(cls, target, overrides, opts, random_init), nodes,
                            "through budget_overrides and DraftContext.budget")
         except SpecbenchError as e:
             card.config["note"] = f"budget_overrides({budget}) do not build here ({str(e).splitlines()[0]}); as configured"
     drafter = reuse.drafter if reuse is not None else build_drafter(cls, target, dict(opts.settings), opts, random_init)
-    return Subject(drafter, nodes, dict(opts.settings), "as DraftContext.budget alone" + (
+    return Subject(drafter, nodes, "as DraftContext.budget alone" + (
         "" if hook else " (the class has no budget_overrides)"))
 
 

@@ -105,7 +105,6 @@ class Subject:
 
     drafter: Any
     budget: int | None
-    overrides: dict[str, Any]
     channel: str
 
     def config(self, max_new_tokens: int, **kw) -> GenerationConfig:
@@ -463,7 +462,9 @@ def check_checkpoint(cls: type, target: Target, subject: Subject, rec: Recorder,
     try:
         with tempfile.TemporaryDirectory() as tmp:
             drafter.save_pretrained(tmp)
-            loaded = cls.from_pretrained(tmp, target, subject.overrides)
+            # configured as the saved one is: its inference keys (Medusa's fitted tree candidates
+            # among them) are not part of a checkpoint it writes
+            loaded = cls.from_pretrained(tmp, target, dict(drafter.config))
             pairs = [(propose_fresh(target, drafter, pr), propose_fresh(target, loaded, pr)) for pr in picks]
     except Exception as e:  # noqa: BLE001 - reported by rule
         card.add("checkpoint", "fail", f"save then load raised {raised(e)}")
