@@ -356,6 +356,9 @@ def check_law(target: Target, subject: Subject, cls: type, candidates, opts: Che
 
     if not lossless_declared(cls, "law", card):
         return None
+    if not candidates:
+        card.add("law", "fail", "lossless: no context to sample from (no greedy proposal was made)")
+        return None
     rec = Recorder(subject.drafter)
     try:
         found = search_and_sample(target, rec, candidates, opts.law_samples, subject.budget)
