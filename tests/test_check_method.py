@@ -193,3 +193,19 @@ def test_draft_time_is_judged_per_new_token_against_the_ar_step():
     # 2 new tokens per step: 30 ms per step is 15 ms per token
     assert [status(30, 40), status(50, 40), status(90, 40)] == ["pass", "warn", "fail"]
     assert status(30, 0.5) == "fail" and status(9, 0.5) == "pass"  # a sub-floor AR step is judged as 10 ms
+
+
+def test_a_long_context_gets_its_limit_simulated_just_past_the_prompt(tiny):
+    from harness.core.decode import GenerationConfig, generate
+    from harness.runs.edge_cases import context_limit_at, edge_cases, run_case
+    from methods.registry import get_method
+
+    base = [(7 * i) % 96 for i in range(20)]
+    with context_limit_at(tiny, 4096):  # as a target of a 4k context
+        case = next(c for c in edge_cases(tiny, base, [1, 2]) if c.name.startswith("context limit"))
+    assert case.name == "context limit (set just past the prompt: 28 tokens)" and case.prompt == base
+    with case.setting():
+        ar = generate(tiny, case.prompt, GenerationConfig(case.max_new_tokens))
+    assert ar.stop_reason == "context" and len(ar.output_ids) < case.max_new_tokens
+    assert tiny.config.max_position_embeddings == 512  # the target is left as it was
+    assert run_case(tiny, get_method("pld")(tiny), case, 15) == ""
