@@ -12,14 +12,8 @@ every check but the small-budget answers runs at, and SMALL_BUDGET. Each reaches
 config too: a fixed, machine-independent tree, so the budget can be checked and a resumed answer
 (which has no acceptance history to size a tree from) proposes what the running one did.
 
-What the card costs (SmolLM2 defaults: 12 prompts, 48 new tokens): target forwards for 12 AR
-answers (576 one-token steps) and the drafter's answers at the large budget (about 576 / tau
-verifies) and at the small one (6 prompts), about 60 for the edge cases, one prefill per resumed
-or reloaded answer (up to 72 + 8), one per q state (2); the law's pilot (24 samples per candidate
-and temperature, up to 8 pairs) and its `--law-samples` (1000) draw the target forward once per
-distinct prompt and tree (one per sample for a drafter that samples its tree); the q check draws
-`q_draws` (64) proposals per state and temperature from a drafter that reports q, 4 from one that
-does not, and no target forward.
+What each check can and cannot catch, and what a card costs in target forwards and draws:
+docs/check-method.md.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -206,11 +207,13 @@ class CleanLaw:
 
 @torch.inference_mode()
 def sample_pits(target: Target, prompt: list[int], drafter, sampling: Sampling, n: int,
-                budget: int | None = None, first_seed: int = 0) -> LawSamples:
-    """n samples (seed first_seed + i: the loop's prefill and first speculative step, with `budget` as every
-    proposal's DraftContext.budget); each token the step keeps becomes a PIT value under AR's law
-    after its prefix: the verify's own row on the accepted path (a path's ancestor mask is the
-    causal mask, so that row is AR's), or a clean forward where the tree adds attention edges."""
+                budget: int | None = None, first_seed: int = 0,
+                enough: Callable[[], bool] = lambda: False) -> LawSamples:
+    """n samples, or fewer once `enough()` (seed first_seed + i: the loop's prefill and first
+    speculative step, with `budget` as every proposal's DraftContext.budget); each token the step
+    keeps becomes a PIT value under AR's law after its prefix: the verify's own row on the accepted
+    path (a path's ancestor mask is the causal mask, so that row is AR's), or a clean forward where
+    the tree adds attention edges."""
     out = LawSamples()
     rng = random.Random(first_seed)
     cfg = GenerationConfig(1 + ROOM, sampling, tree_budget=budget)
@@ -230,4 +233,6 @@ def sample_pits(target: Target, prompt: list[int], drafter, sampling: Sampling, 
             out.pits[j + 2].append(pit(processed_probs(rows[j], sampling.temperature, sampling.top_p), x, rng.random()))
         out.n += 1
         out.accepted += step.verdict.accepted > 0
+        if enough():
+            break
     return out

@@ -10,7 +10,9 @@ them. The candidates:
     first greedy tokens: its continuation repeats text the drafter can see.
 Each is tried at each T of LAW_TEMPERATURES with PILOT samples; the `law_samples` samples (other
 seeds than the pilot's, so the choice does not bias them) run where the share of samples
-accepting a draft was highest. Each token the first speculative step emits after the root is a
+accepting a draft was highest, or fewer once FRESH_TREES samples needed a tree of their own: a
+drafter that samples its tree costs a propose and a target forward per sample (one per distinct
+root otherwise), and its draws are also tested, without the target, by the q check. Each token the first speculative step emits after the root is a
 PIT value under AR's law after its prefix (harness/runs/law_sampling.py:sample_pits); each token
 position with MIN_TESTED values, and the tokens from the third on pooled, is tested for uniformity,
 Bonferroni over the tests. Below EXERCISED samples accepting a draft even on the best candidate,
@@ -28,7 +30,8 @@ from harness.runs.law_sampling import ALPHA_FAIR, ForwardReplay, LawSamples, Roo
 
 LAW_TEMPERATURES = (1.0, 0.5)
 LAW_CANDIDATES = 3     # greedy-answer contexts tried
-PILOT = 24             # samples per candidate and temperature
+PILOT = 16             # samples per candidate and temperature
+FRESH_TREES = 400      # final samples of a drafter whose every sample draws a new tree
 EXERCISED = 0.1        # share of samples that must accept a draft
 MIN_TESTED = 50        # PIT values a token position needs to be tested
 FINAL_SEEDS = 1_000_000  # the final samples' seeds start here (the pilot's at 0)
@@ -64,12 +67,14 @@ def law_candidates(target: Target, contexts: list[tuple[str, list[int], int]]) -
 
 
 def sample_at(target: Target, drafter, prompt: list[int], temperature: float, n: int, budget: int | None,
-              first_seed: int) -> LawSamples:
-    """`sample_pits` with the target's forwards memoised for this prompt and the drafter's trees per root."""
+              first_seed: int, fresh: int | None = None) -> LawSamples:
+    """`sample_pits` with the target's forwards memoised for this prompt and the drafter's trees per
+    root, stopping early once `fresh` trees had to be proposed anew."""
     target.forward = ForwardReplay(target, prompt)  # memoised per distinct input: the samples differ only in their draws
+    memo = RootMemo(drafter)
     try:
-        return sample_pits(target, prompt, RootMemo(drafter), Sampling(temperature, 1.0, "lossless"), n, budget,
-                           first_seed)
+        return sample_pits(target, prompt, memo, Sampling(temperature, 1.0, "lossless"), n, budget, first_seed,
+                           lambda: fresh is not None and memo.computed >= fresh)
     finally:
         del target.forward  # back to the class's method
 
@@ -86,7 +91,7 @@ def search_and_sample(target: Target, drafter, candidates: list[tuple[str, list[
             if best is None or share > best[0]:
                 best = (share, label, prompt, t)
     _, label, prompt, t = best
-    return LawFound(label, t, sample_at(target, drafter, prompt, t, n, budget, FINAL_SEEDS), pilot)
+    return LawFound(label, t, sample_at(target, drafter, prompt, t, n, budget, FINAL_SEEDS, FRESH_TREES), pilot)
 
 
 def law_verdict(found: LawFound) -> tuple[str, str]:
