@@ -502,22 +502,25 @@ def check_method_cmd(
     data_dir: DataDirOpt = None,
     prompts: Annotated[int, typer.Option(help="greedy prompts per benchmark (first questions)")] = 2,
     max_new_tokens: MaxNewTokensOpt = 48,
-    law_samples: Annotated[int, typer.Option(help="samples of the first two tokens at T=1 for the law check")] = 2000,
-    tree_budget: Annotated[str, typer.Option(help="draft tokens per verify the drafter runs with and is held to "
-                                             "(its --tree-budget), auto, or none: as configured")] = "15",
+    law_samples: Annotated[int, typer.Option(help="samples of the first speculative step at T>0 for the law check")] = 1000,
+    tree_budget: Annotated[str, typer.Option(help="the large of the two budgets (draft tokens per verify) the drafter "
+                                             "runs with and is held to, auto, or none: as configured")] = "15",
     checkpoint: CheckpointOpt = None,
     random_init: Annotated[bool, typer.Option("--random-init", help="check random (seeded) weights instead of "
                                               "trained ones (always so on the tiny target)")] = False,
     set_: SettingsOpt = [],
     seed: SeedOpt = 0,
+    threads: ThreadsOpt = 0,
 ):
-    """Conformance check of one drafter on one target: greedy output = AR, the law at T=1, the tree
-    contract, begin/propose/observe across resumed answers, config keys, checkpoint round trip,
-    draft time; prints a card and exits 0 only if every check passes (1 otherwise)."""
+    """Conformance check of one drafter on one target: config keys, greedy output = AR, the tree
+    budget, edge cases, the draft law q, the output law at T>0, the tree contract,
+    begin/propose/observe across resumed answers, checkpoint round trip, draft time; prints a card
+    and exits 0 only if every check passes (1 otherwise)."""
     from harness.runs.check_method import CheckOptions, check_method, render_card
     from harness.runs.settings import check_settings, method_overrides, parse_settings, parse_tree_budget
     from methods.registry import get_method
 
+    set_threads(threads)
     cls = get_method(method)
     settings = parse_settings(set_)
     check_settings(settings, {method: cls})

@@ -97,7 +97,7 @@ class Eagle(EagleCore):
                 ranked.append(sample_distinct(q, min(level.need[j], int((q > 0).sum())), ctx.generator))
             return ranked
 
-        tree = walk_static_tree(ctx.root, self.tree, ctx.max_nodes, rank_children)
+        tree = walk_static_tree(ctx.root, self.tree, ctx.max_nodes, rank_children, ctx.budget)
         self._cache.crop_to(committed)
         if q_rows:
             tree.q = torch.zeros(tree.tokens.numel(), self.target.vocab_size)

@@ -209,7 +209,7 @@ class Gumiho(EagleCore):
             beams = [(cid, beams[bi][1], pool.scores[cid]) for cid, (bi, _) in zip(ids, picked)]
         self.last_pool_size = len(pool)
         # 5. Rerank to the budget, then full tree attention.
-        budget = self.tree_budget(pool.scores)
+        budget = ctx.within_budget(self.tree_budget(pool.scores))
         nodes = pool.select(budget, ctx.max_nodes)
         self.note_kept(nodes)
         if cfg["fta"] == "exact":  # from every candidate: what the padding frees is refilled

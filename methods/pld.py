@@ -120,7 +120,7 @@ class PromptLookupDrafter(Drafter):
             if start is None:
                 continue
             cont = tokens[start : start + self.config["max_draft"]]
-            k_max = min(len(cont), ctx.max_nodes - 1, self.config["max_draft"])
+            k_max = ctx.within_budget(min(len(cont), ctx.max_nodes - 1, self.config["max_draft"]))
             if self.config["adaptive"]:
                 k = best_chain_length(self.hits[g] / self.trials[g], self.curve, k_max)
             else:

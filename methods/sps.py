@@ -99,7 +99,7 @@ class SpeculativeSampling(Drafter):
 
     @torch.inference_mode()
     def propose(self, ctx) -> DraftTree:
-        k = min(self._gamma, ctx.max_nodes - 1)
+        k = ctx.within_budget(min(self._gamma, ctx.max_nodes - 1))
         if k < 1:
             return DraftTree.root_only(ctx.root)
         sampling = ctx.sampling

@@ -1,16 +1,30 @@
 """`cli.py check-method`: every built-in drafter passes on the tiny target (random weights), and each
-deliberately broken drafter (tests/broken_drafters.py) fails with the rule it breaks named."""
+deliberately broken drafter (tests/broken_drafters.py) fails with the rule it breaks named; the
+statistics and rules the card's checks rest on."""
 from __future__ import annotations
+
+import random
+import re
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from cli import app
-from harness.core.tree import DraftTree
+from harness.core.decode import Generation
+from harness.core.tree import DraftTree, StaticTree
 from harness.runs.check_method import CheckOptions, check_method
+from harness.runs.config import RunConfig
+from harness.runs.executor import checked_classes
+from harness.runs.law_check import detectable_shift, pit, uniformity_test
+from harness.runs.method_checks import Card, timing_row
+from harness.runs.q_check import tree_pits
 from harness.runs.tree_contract import nested, tree_violations
+from methods.registry import get_method
 from tests.random_drafters import builtin_methods, layers_needed
+from tests.test_cli_errors import one_line_error, run_cli
+
+GREEDY_ONLY = "tests.broken_drafters:GreedyOnly"
 
 FAST = dict(target="tiny", prompts=1, max_new_tokens=24, law_samples=400)
 
@@ -43,30 +57,70 @@ def test_every_builtin_method_passes_on_the_tiny_target(tiny, deep_tiny, name):
     target = deep_tiny if layers_needed(name) > tiny.num_layers else tiny
     card = check_method(name, CheckOptions(**FAST, settings=settings), target=target)
     got = statuses(card)
-    assert card.passed, [(r.rule, r.detail) for r in card.results if r.status == "fail"]
-    # the checks that must run (and pass) for every method; the law may be weakly exercised on random weights
-    assert {got[r] for r in ("config", "greedy", "tree", "protocol")} == {"pass"}, got
-    assert got["law"] in ("pass", "warn") and got["timing"] == "info"
+    # every check but the draft time, which is measured on this (shared) machine and judged in the Sleeps test
+    failed = [(r.rule, r.detail) for r in card.results if r.status == "fail" and r.rule != "timing"]
+    assert not failed, failed
+    assert {got[r] for r in ("config", "greedy", "budget", "edge", "q", "tree", "protocol")} == {"pass"}, got
+    # a drafter sampled from a fresh start that its long answers never see (Lookahead) may only warn
+    assert got["law"] == ("pass" if getattr(get_method(name), "resumable", True) else "warn"), got
     assert got["checkpoint"] == ("pass" if card.info.trainable else "skip")
+    sizes = {r.detail for r in card.results if r.rule == "budget"}
+    assert "budget 4," in next(iter(sizes)) and "budget 15," in next(iter(sizes)), sizes
 
 
-@pytest.mark.parametrize("drafter,rule,needle,samples", [
-    ("BiasedBonus", "law", "do not follow AR's law", 2000),
-    ("ChildBeforeParent", "tree", "parents before children: node 1's parent 2 comes after it", 400),
-    ("IgnoresObserve", "protocol", "a proposal ignores what observe told it", 400),
-    ("ForgetsNothing", "protocol", "begin does not reset the drafter's state", 400),
-])
-def test_a_broken_drafter_fails_naming_its_rule(tiny, drafter, rule, needle, samples):
-    card = check_method(f"tests.broken_drafters:{drafter}", CheckOptions(**{**FAST, "law_samples": samples}), target=tiny)
+# (drafter, the rule it breaks, what its line says, other rules its break may drag down)
+BROKEN = [
+    ("FlatQ", "q", "do not follow the q the tree reports", {"law"}),
+    ("UntemperedQ", "q", "do not follow the q the tree reports", {"law"}),
+    ("DepthOneQ", "q", "do not follow the q the tree reports", {"law"}),
+    ("SamplesWithoutQ", "q", "but the tree reports no q", {"law"}),
+    ("ShortPromptRaises", "edge", "one-token prompt: raised in propose IndexError", set()),
+    ("NoBudgetHook", "budget", "at a budget of 4, given as DraftContext.budget alone (the class has no "
+     "budget_overrides)", set()),
+    ("Sleeps", "timing", "slower than the target", set()),
+    ("ProposesNothing", "law", "weakly exercised", set()),
+    ("BiasedBonus", "law", "does not follow AR's law", {"q"}),
+    ("ChildBeforeParent", "tree", "parents before children: node 1's parent 2 comes after it", {"greedy", "edge"}),
+    ("IgnoresObserve", "protocol", "a proposal ignores what observe told it", set()),
+    ("ForgetsNothing", "protocol", "begin does not reset the drafter's state", set()),
+]
+
+
+@pytest.mark.parametrize("drafter,rule,needle,dragged", BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_broken_drafter_fails_naming_its_rule(tiny, drafter, rule, needle, dragged):
+    card = check_method(f"tests.broken_drafters:{drafter}", CheckOptions(**FAST), target=tiny)
     failed = {r.rule: r.detail for r in card.results if r.status == "fail"}
     assert not card.passed and rule in failed and needle in failed[rule], failed
     # the one rule broken on purpose is the one that fails, beside what it drags with it
-    assert set(failed) <= {rule, "greedy"}, failed
+    assert set(failed) <= {rule} | dragged, failed
 
 
-def test_the_correct_twin_of_the_broken_drafters_passes(tiny):
-    card = check_method("tests.broken_drafters:ContextLookup", CheckOptions(**FAST), target=tiny)
-    assert card.passed and statuses(card)["protocol"] == "pass"
+def test_q_that_is_right_at_depth_1_only_fails_below_it(tiny):
+    card = check_method("tests.broken_drafters:DepthOneQ", CheckOptions(**FAST), target=tiny)
+    detail = next(r.detail for r in card.results if r.rule == "q")
+    assert re.search(r"depth [2-9] the drafted tokens", detail), detail
+
+
+@pytest.mark.parametrize("drafter", ["ContextLookup", "SampledBigram"])
+def test_the_correct_twins_of_the_broken_drafters_pass(tiny, drafter):
+    card = check_method(f"tests.broken_drafters:{drafter}", CheckOptions(**FAST), target=tiny)
+    got = statuses(card)
+    assert all(s in ("pass", "skip") for rule, s in got.items() if rule != "timing"), card.results
+    q = next(r.detail for r in card.results if r.rule == "q")
+    assert ("trees with q" in q) == (drafter == "SampledBigram"), q
+
+
+def test_a_greedy_only_drafter_is_refused_at_t_above_0_and_skipped_by_the_card(tiny, shared_data):
+    card = check_method("tests.broken_drafters:GreedyOnly", CheckOptions(**FAST), target=tiny)
+    got = statuses(card)
+    assert card.passed and got["q"] == got["law"] == "skip", got
+    for args in (["run", "--method", GREEDY_ONLY, "-t", "0.7"],
+                 ["compare", "--methods", GREEDY_ONLY, "-t", "0", "-t", "1"],
+                 ["ablate", GREEDY_ONLY, "--set", "max_draft=2,3", "-t", "1"]):
+        one_line_error(run_cli(*args, "--data-dir", str(shared_data)), "declares acceptance rules greedy only",
+                       "cannot sample losslessly at --temperature")
+    cfg = RunConfig(methods=[GREEDY_ONLY], benchmarks=["mt_bench"], temperatures=[0.0])
+    assert list(checked_classes(cfg)) == [GREEDY_ONLY]  # T = 0 is fine
 
 
 def test_the_cli_exits_1_naming_the_rule_and_0_when_conformant():
@@ -100,3 +154,62 @@ def test_nested_trees_are_one_proposal_cut_to_two_budgets():
     long, short = DraftTree.chain(1, [2, 3, 4]), DraftTree.chain(1, [2, 3])
     assert nested(long, short) and nested(short, long)
     assert not nested(long, DraftTree.chain(1, [2, 9]))
+
+
+def test_pit_values_are_uniform_under_their_law_and_not_otherwise():
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    laws = [torch.softmax(torch.randn(30, generator=g) * 2, 0) for _ in range(50)]  # a new law per token
+    honest = [pit(p, int(torch.multinomial(p, 1, generator=g)), rng.random()) for p in laws for _ in range(40)]
+    assert uniformity_test(honest)[2] > 1e-3
+    tempered = [pit(p, int(torch.multinomial(p ** 2 / (p ** 2).sum(), 1, generator=g)), rng.random())
+                for p in laws for _ in range(40)]  # drawn at T = 0.5, judged against T = 1
+    assert uniformity_test(tempered)[2] < 1e-6
+    # more samples detect a smaller shift; a few hundred resolve about a tenth of the mass
+    assert detectable_shift(4000, 1e-3) < detectable_shift(400, 1e-3) < 0.15
+
+
+def test_a_sibling_drawn_twice_has_no_probability_left():
+    tree = DraftTree(torch.tensor([5, 7, 7]), torch.tensor([-1, 0, 0]))
+    tree.q = torch.zeros(3, 10)
+    tree.q[0, 7], tree.q[0, 8] = 0.5, 0.5
+    values, problem = tree_pits(tree, random.Random(0))
+    assert len(values) == 1 and "node 2 (depth 1) drafts token 7" in problem
+
+
+def test_a_static_tree_keeps_its_best_first_choices_within_a_budget():
+    tree = StaticTree.named("cpu_15")
+    assert tree.first(4).choices == [[0], [0, 0], [1], [0, 1]]  # the preset's first four, closed under parents
+    unordered = StaticTree([[0, 0], [1], [0]])  # a child listed before its parent: by depth instead
+    assert sorted(unordered.first(2).choices) == [[0], [1]]
+
+
+def test_draft_time_is_judged_per_new_token_against_the_ar_step():
+    def runs(draft_ms: float, ar_ms: float):
+        drafter = Generation([1] * 20, 5, 0.0, 0.0, "length", draft_ms=[draft_ms] * 10)
+        ar = Generation([1] * 20, 5, 0.0, 0.0, "length", verify_ms=[ar_ms] * 20)
+        return [("ar", ar), ("drafter", drafter)]
+
+    def status(draft_ms: float, ar_ms: float) -> str:
+        card = Card("m", None, "t", "float32", {}, "")
+        timing_row(runs(draft_ms, ar_ms), card)
+        return card.results[0].status
+
+    # 2 new tokens per step: 30 ms per step is 15 ms per token
+    assert [status(30, 40), status(50, 40), status(90, 40)] == ["pass", "warn", "fail"]
+    assert status(30, 0.5) == "fail" and status(9, 0.5) == "pass"  # a sub-floor AR step is judged as 10 ms
+
+
+def test_a_long_context_gets_its_limit_simulated_just_past_the_prompt(tiny):
+    from harness.core.decode import GenerationConfig, generate
+    from harness.runs.edge_cases import context_limit_at, edge_cases, run_case
+    from methods.registry import get_method
+
+    base = [(7 * i) % 96 for i in range(20)]
+    with context_limit_at(tiny, 4096):  # as a target of a 4k context
+        case = next(c for c in edge_cases(tiny, base, [1, 2]) if c.name.startswith("context limit"))
+    assert case.name == "context limit (set just past the prompt: 28 tokens)" and case.prompt == base
+    with case.setting():
+        ar = generate(tiny, case.prompt, GenerationConfig(case.max_new_tokens))
+    assert ar.stop_reason == "context" and len(ar.output_ids) < case.max_new_tokens
+    assert tiny.config.max_position_embeddings == 512  # the target is left as it was
+    assert run_case(tiny, get_method("pld")(tiny), case, 15) == ""

@@ -44,13 +44,21 @@ FINISHED = ("eos", "stop")
 @dataclass
 class DraftContext:
     """What a drafter may look at when proposing: the committed tokens (prompt + output so far,
-    the root last; the root's KV is not cached yet), the sampling settings and the RNG."""
+    the root last; the root's KV is not cached yet), the sampling settings and the RNG, and the
+    two limits of its tree: the room (depth) and, when set, the budget (size)."""
 
     tokens: list[int]
     root: int
     sampling: Sampling
     generator: torch.Generator | None
     max_nodes: int  # remaining room: never propose deeper than this many new tokens
+    # Most draft nodes the tree may hold; None: as the drafter's config sizes it. Runs size trees by
+    # config (`budget_overrides`); `cli.py check-method` always sets one and holds every drafter to it.
+    budget: int | None = None
+
+    def within_budget(self, nodes: int) -> int:
+        """`nodes` draft nodes, cut to the budget when one is set."""
+        return nodes if self.budget is None else min(nodes, self.budget)
 
     @property
     def position(self) -> int:
@@ -83,6 +91,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     record_logit_gaps: bool = False  # AR greedy: keep top-1 logit and top-2 gap per position
+    tree_budget: int | None = None   # DraftContext.budget of every proposal (None in runs)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -210,6 +219,16 @@ def prefill_with_side_rows(target: Target, cache: KVCache, prompt: torch.Tensor,
     return TargetOutput(logits[:1], out.hidden[:n], first_rows(out.layers, n), logits[1:])
 
 
+def prefill_forward(target: Target, cache: KVCache, prompt: torch.Tensor, drafter=None) -> TargetOutput:
+    """The prefill's forward of `prompt` [P] into the empty `cache`: the logits of its last row, the
+    features and layer inputs `drafter` reads, and the logits of any side rows it asks to run after
+    the prompt (what its `begin` is given)."""
+    side = prefill_side_rows(drafter, prompt)
+    if side is None:
+        return target.forward(prompt, cache, logits="last", layers=feature_layers(drafter))
+    return prefill_with_side_rows(target, cache, prompt, side, feature_layers(drafter))
+
+
 def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, generator: torch.Generator | None,
             drafter=None) -> tuple[KVCache, TargetOutput, int]:
     """1. The prompt goes into a new cache; its last logits give the first new token (the root),
@@ -217,11 +236,7 @@ def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, genera
     it asked to run after the prompt). Returns (cache, prefill output, root)."""
     cache = target.new_cache(capacity=len(prompt_ids) + cfg.max_new_tokens + 80)
     prompt = torch.tensor(prompt_ids)
-    side = prefill_side_rows(drafter, prompt)
-    if side is None:
-        prefilled = target.forward(prompt, cache, logits="last", layers=feature_layers(drafter))
-    else:
-        prefilled = prefill_with_side_rows(target, cache, prompt, side, feature_layers(drafter))
+    prefilled = prefill_forward(target, cache, prompt, drafter)
     root = pick_token(prefilled.logits[-1], cfg.sampling, generator)
     if drafter is not None:
         with drafting_weights(drafter):
@@ -264,7 +279,8 @@ def speculative_step(target: Target, cache: KVCache, drafter, answer: Answer, ro
             tree = DraftTree.root_only(root)   # plain AR: the root alone
         else:
             with drafting_weights(drafter):
-                tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room))
+                tree = drafter.propose(DraftContext(answer.context, root, sampling, generator, room,
+                                                    answer.cfg.tree_budget))
     with phase("verify"):
         # One target forward over root + tree (+ side rows) on top of the cached prefix; the
         # acceptance rule picks a path, and only that path's cache rows are kept.

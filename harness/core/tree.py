@@ -250,3 +250,11 @@ class StaticTree:
 
     def truncated(self, max_depth: int) -> "StaticTree":
         return StaticTree([c for c in self.choices if len(c) <= max_depth])
+
+    def first(self, n: int) -> "StaticTree":
+        """The tree of its first `n` choices where they hold every parent (the presets and fitted
+        candidates are listed best first), else of its first `n` nodes by depth."""
+        head = [list(c) for c in self.choices[:n]]
+        known = {tuple(c) for c in head}
+        closed = all(len(c) == 1 or tuple(c[:-1]) in known for c in head)
+        return StaticTree(head if closed else self.nodes[:n])

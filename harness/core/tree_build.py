@@ -53,11 +53,15 @@ class Level:
 RankChildren = Callable[[Level], list[list[int]]]
 
 
-def walk_static_tree(root: int, tree: StaticTree, max_nodes: int, rank_children: RankChildren) -> DraftTree:
+def walk_static_tree(root: int, tree: StaticTree, max_nodes: int, rank_children: RankChildren,
+                     budget: int | None = None) -> DraftTree:
     """The tokens of `tree` under `root`: level by level, the nodes with children are expanded
     together and node i of the static tree takes rank `tree.ranks[i]` of its parent's ranking.
-    Depth is capped at `max_nodes - 1` (the room left in the answer). Nodes come out in the static
+    Depth is capped at `max_nodes - 1` (the room left in the answer), size at `budget` draft nodes
+    (DraftContext.budget: the first ones, a set closed under parents). Nodes come out in the static
     tree's order (by depth, then by rank path), since each level is expanded in tree order."""
+    if budget is not None and budget < len(tree.nodes):
+        tree = tree.first(budget)
     depth = min(tree.max_depth, max_nodes - 1)
     tokens, parents = [root], [-1]
     ours = {0: 0}          # static node id (0 = root) -> index in tokens

@@ -2,12 +2,18 @@
 
 `check_method` loads the target, builds the drafter (random seeded weights on the tiny target,
 else as a run builds it), picks the prompts (the first questions of every benchmark) and runs the
-checks of harness/runs/method_checks.py on them in order (config, greedy = AR, the law at T = 1,
-the tree contract, begin/propose/observe across resumed answers, checkpoint round trip, draft
-time); `render_card` prints their card.
-The drafter runs with `--tree-budget` (default 15 draft nodes, through its `budget_overrides`):
-a fixed, machine-independent tree, so the budget can be checked and a resumed answer (which has no
-acceptance history to size a tree from) proposes what the running one did.
+checks of harness/runs/method_checks.py on them in order (config, greedy = AR, the tree budget,
+edge cases, the draft law q, the law at T > 0, the tree contract, begin/propose/observe across
+resumed answers, checkpoint round trip, draft time); `render_card` prints their card.
+
+Every drafter is held to two budgets: the large one (`--tree-budget`, default 15 draft nodes) that
+every check but the small-budget answers runs at, and SMALL_BUDGET. Each reaches the drafter as
+`DraftContext.budget` in every proposal and, where the class has a `budget_overrides` hook, as its
+config too: a fixed, machine-independent tree, so the budget can be checked and a resumed answer
+(which has no acceptance history to size a tree from) proposes what the running one did.
+
+What each check can and cannot catch, and what a card costs in target forwards and draws:
+docs/check-method.md.
 """
 from __future__ import annotations
 
@@ -20,15 +26,23 @@ import torch
 from harness.core.errors import SpecbenchError
 from harness.core.target import Target
 from harness.runs.method_checks import (
+    SMALL_BUDGET,
     TITLES,
     Card,
     CheckOptions,
+    Subject,
+    ar_answers,
+    check_budget,
     check_checkpoint,
     check_config,
+    check_edges,
     check_law,
     check_protocol,
+    check_q,
     check_trees,
+    greedy_row,
     run_greedy,
+    split_by_prompt,
     timing_row,
 )
 
@@ -53,22 +67,30 @@ def build_drafter(cls: type, target: Target, overrides: dict[str, Any], opts: Ch
     return cls.create(target, overrides, opts.checkpoint)
 
 
-def with_budget(cls: type, target: Target, opts: CheckOptions, random_init: bool, card: Card):
-    """(drafter, its tree budget in draft nodes or None, the overrides it was built with): built with
-    `--tree-budget` where the method takes one and it builds here (Medusa/Hydra need fitted
-    candidates for it), else as configured."""
-    budget = opts.tree_budget
-    extra = cls.budget_overrides(budget) if budget is not None else {}
-    overrides = {**extra, **opts.settings}
-    try:
-        drafter = build_drafter(cls, target, overrides, opts, random_init)
-    except SpecbenchError as e:
-        if not extra:
-            raise
-        card.config["note"] = f"--tree-budget {budget} does not build here ({str(e).splitlines()[0]}); as configured"
-        return build_drafter(cls, target, dict(opts.settings), opts, random_init), None, dict(opts.settings)
-    nodes = budget if (extra and isinstance(budget, int)) else None
-    return drafter, nodes, overrides
+def at_budget(cls: type, target: Target, opts: CheckOptions, budget: int | str | None, random_init: bool,
+              card: Card, reuse: Subject | None = None) -> Subject:
+    """The drafter held to `budget`: built with its `budget_overrides` where it has them and they
+    build here (Medusa/Hydra need fitted candidates for them), else as configured (`reuse`d when
+    given: nothing to rebuild); the budget reaches every proposal as DraftContext.budget either way."""
+    hook = cls.budget_overrides(budget) if budget is not None else {}
+    nodes = budget if isinstance(budget, int) else None
+    if hook:
+        overrides = {**hook, **opts.settings}
+        try:
+            return Subject(build_drafter(cls, target, overrides, opts, random_init), nodes,
+                           "through budget_overrides and DraftContext.budget")
+        except SpecbenchError as e:
+            card.config["note"] = f"budget_overrides({budget}) do not build here ({str(e).splitlines()[0]}); as configured"
+    drafter = reuse.drafter if reuse is not None else build_drafter(cls, target, dict(opts.settings), opts, random_init)
+    return Subject(drafter, nodes, "as DraftContext.budget alone" + (
+        "" if hook else " (the class has no budget_overrides)"))
+
+
+def small_budget(large: int | str | None) -> int | None:
+    """The small of the two budgets: SMALL_BUDGET, below a numeric large one (none below 2)."""
+    if isinstance(large, int):
+        return min(SMALL_BUDGET, large - 1) or None
+    return SMALL_BUDGET
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -92,19 +114,17 @@ def check_prompts(target: Target, opts: CheckOptions) -> list[tuple[str, list[in
     return out
 
 
-def law_prompt(target: Target, prompts: list[tuple[str, list[int]]], answers: dict[str, list[int]]) -> tuple[str, list[int]]:
-    """The law check's prompt: GSM8K's first where there is one (drafts are often accepted there),
-    else the first prompt followed by 16 tokens of its greedy answer (n-grams to match)."""
-    for label, p in prompts:
-        if label.startswith("gsm8k"):
-            return label, p
-    label, p = prompts[0]
-    return f"{label} + 16 answer tokens", p + answers[label][:16]
+def q_states(proposals) -> list[list[int]]:
+    """The q check's drafter states: the contexts of two proposals of the greedy answers (a third
+    and two thirds of the way through them)."""
+    picks = {len(proposals) // 3, 2 * len(proposals) // 3} if proposals else set()
+    return [proposals[i].tokens for i in sorted(picks)]
 
 
 def check_method(name: str, opts: CheckOptions, target: Target | None = None) -> Card:
     """Every check of `name` (a method name or module:Class) on `opts.target`: the card
     of the rules in harness/runs/method_checks.py."""
+    from harness.runs.law_search import law_candidates
     from methods.registry import get_method, method_info
 
     cls = get_method(name)
@@ -112,20 +132,35 @@ def check_method(name: str, opts: CheckOptions, target: Target | None = None) ->
     random_init = opts.random_init if opts.random_init is not None else target.tokenizer is None
     card = Card(name, method_info(name), target.name, str(target.dtype).replace("torch.", ""), {}, "")
     check_config(cls, card)
-    drafter, budget, overrides = with_budget(cls, target, opts, random_init, card)
+    large = at_budget(cls, target, opts, opts.tree_budget, random_init, card)
+    drafter = large.drafter
     card.config.update({k: v for k, v in drafter.config.items() if k not in cls.defaults or cls.defaults[k] != v})
     card.weights = ("random (seeded), rounded to bf16" if random_init and cls.trainable and not opts.checkpoint
                     else str(getattr(drafter, "checkpoint_hash", lambda: None)() or "none"))
     prompts = check_prompts(target, opts)
-    rec, answers, runs = run_greedy(target, drafter, prompts, opts, card)
-    law_rec = check_law(target, drafter, cls, law_prompt(target, prompts, answers), opts, card)
-    check_trees([rec, law_rec], target, budget, card)
-    if rec.proposals and rec.error is None:
-        check_protocol(target, drafter, rec, prompts, opts, card)
-        check_checkpoint(cls, target, drafter, overrides, rec, card)
+    ar = ar_answers(target, prompts, opts)
+    greedy = run_greedy(target, large, prompts, ar, opts)
+    subjects, small_run = [large], None
+    if (budget := small_budget(opts.tree_budget)) is not None:
+        small = at_budget(cls, target, opts, budget, random_init, card, reuse=large)
+        subjects.append(small)
+        small_run = run_greedy(target, small, prompts[:: max(1, opts.prompts)], ar, opts)
+    greedy_row(greedy, small_run, card)
+    label, base = prompts[0]
+    edge_rec = check_edges(target, large, base, ar[label].output_ids[:2], card)
+    q_rec = check_q(target, large, cls, q_states(greedy.rec.proposals), opts, card)
+    contexts = [(lbl, pr.tokens, pr.accepted) for (lbl, _), props in
+                zip(prompts, split_by_prompt(greedy.rec.proposals, prompts)) for pr in props]
+    law_rec = check_law(target, large, cls, law_candidates(target, contexts), opts, card)
+    recorders = [r for r in (greedy.rec, small_run and small_run.rec, edge_rec, q_rec, law_rec) if r is not None]
+    check_budget(recorders, subjects, card)
+    check_trees(recorders, target, card)
+    if greedy.rec.proposals and not greedy.crashes:
+        check_protocol(target, large, greedy.rec, prompts, opts, card)
+        check_checkpoint(cls, target, large, greedy.rec, card)
     else:
         card.add("protocol", "skip", "no complete answer to resume")
-    timing_row(runs, card)
+    timing_row(greedy.runs, card)
     order = list(TITLES)
     card.results.sort(key=lambda r: order.index(r.rule) if r.rule in order else len(order))
     return card

@@ -156,6 +156,9 @@ def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | Non
             target = load_target(cfg, console)
         if cfg.methods is None:
             found = discover_methods(target, cfg.settings, console)
+            for name, problem in lossless_refusals(replace(cfg, methods=found), method_classes(found)).items():
+                console.print(f"[dim]not compared: {problem}[/]")
+                found.remove(name)
             console.print(f"methods: {', '.join(found)}")
             cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
             classes = checked_classes(cfg)
@@ -223,12 +226,24 @@ def check_same_questions(run_dir: RunDir, questions: dict[str, list[Question]], 
 
 
 def checked_classes(cfg: RunConfig) -> dict[str, type]:
-    """The Drafter classes of `cfg`'s methods, with its --set keys and --checkpoint checked against them."""
+    """The Drafter classes of `cfg`'s methods, with its --set keys, --checkpoint and temperatures
+    checked against them."""
     classes = method_classes(cfg.methods)
     check_settings(cfg.settings, classes)
     if cfg.checkpoint and not any(c.trainable for c in classes.values()):
         raise SpecbenchError("--checkpoint given, but no method of this run loads weights")
+    for problem in lossless_refusals(cfg, classes).values():
+        raise SpecbenchError(problem)
     return classes
+
+
+def lossless_refusals(cfg: RunConfig, classes: dict[str, type]) -> dict[str, str]:
+    """Methods that cannot sample losslessly at a temperature of `cfg` (they declare no lossless
+    rule: their trees carry no draft law q), each with the one line that says so."""
+    hot = [t for t in cfg.temperatures if t > 0 and cfg.rule(t) == "lossless"]
+    return {name: f"method '{name}' declares acceptance rules {', '.join(cls.acceptance_rules)} only: its drafts "
+                  f"carry no draft law q, so it cannot sample losslessly at --temperature {hot[0]:g}; run it at -t 0"
+            for name, cls in classes.items() if hot and "lossless" not in cls.acceptance_rules}
 
 
 class LocalBackend:

@@ -1,27 +1,34 @@
-"""The law of an answer's first two tokens under a drafter, sampled fast, against AR's exact law: what
+"""The law of an answer's first tokens under a drafter, sampled fast, against AR's law: what
 `cli.py check-method` and scripts/check_lossless_law.py test losslessness with at T > 0.
 
-- Exact AR law of (t1, t2): t1 ~ processed_probs(prefill logits), t2 ~ processed_probs(logits
-  after t1), the very distributions AR sampling draws from. Every t1 with probability >= T1_MIN is
-  expanded with one target forward; cells of joint probability >= CELL_MIN are listed, the rest of
-  the mass forms one "other" cell, and cells expected below 10 counts are pooled (law_check).
 - Samples: the loop's own `prefill` and first `speculative_step` (harness/core/decode.py) with the
-  drafter and the room of a 128-token answer, seed i for sample i; t2 is the step's first token.
-  (Not `generate(..., max_new_tokens=2)`: with room for one token no drafter proposes anything.)
-  Work that does not depend on the sample's random draws is done once: target forwards per
-  distinct input (ForwardReplay), a drafter's tree per root when it drew nothing from the
-  generator (RootMemo); what remains per sample is the acceptance rule and its draws.
+  drafter and the room of a 128-token answer, seed i for sample i. (Not `generate(...,
+  max_new_tokens=2)`: with room for one token no drafter proposes anything.) Work that does not
+  depend on the sample's random draws is done once: target forwards per distinct input
+  (ForwardReplay), a drafter's tree per root when it drew nothing from the generator (RootMemo);
+  what remains per sample is the acceptance rule and its draws.
+- `sample_pits` (check-method): every token the step emits after the root (t2, t3, ... up to the
+  deepest accepted draft and its bonus) becomes a randomised PIT value under AR's law after its
+  own prefix (harness/runs/law_check.py), so every accepted depth is tested, not just the first.
+- `exact_law` / `sample_counts` / `law_fit` (the script, the GPU check): the exact AR law of
+  (t1, t2): t1 ~ processed_probs(prefill logits), t2 ~ processed_probs(logits after t1). Every t1
+  with probability >= T1_MIN is expanded with one target forward; cells of joint probability >=
+  CELL_MIN are listed, the rest of the mass forms one "other" cell, and cells expected below 10
+  counts are pooled (law_check).
 """
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+import random
+from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from harness.core.decode import Answer, GenerationConfig, prefill, speculative_step
 from harness.core.target import Target
 from harness.core.verify import Sampling, processed_probs
-from harness.runs.law_check import pooled_chi2
+from harness.runs.law_check import pit, pooled_chi2
 
 ALPHA_FAIR = 1e-3  # a lossless method must not be rejected at this level
 T1_MIN, CELL_MIN = 1e-3, 1e-5
@@ -166,3 +173,69 @@ def law_fit(counts: Counter, law: dict[tuple[int, int], float], n: int) -> tuple
     observed = [counts.get(c, 0) for c in cells] + [n - sum(counts.get(c, 0) for c in cells)]
     expected = [n * law[c] for c in cells] + [n * max(0.0, 1.0 - sum(law.values()))]
     return pooled_chi2(observed, expected)
+
+
+@dataclass
+class LawSamples:
+    """PIT values of the emitted tokens by position (2: the first token after the root), and how
+    many of the samples accepted a draft."""
+
+    n: int = 0
+    accepted: int = 0
+    pits: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
+class CleanLaw:
+    """AR's logits after the prompt + some tokens, from forwards of their own (memoised by tokens):
+    the reference for a tree whose extra attention edges make its verify rows other than AR's."""
+
+    def __init__(self, target: Target, prompt: list[int]) -> None:
+        self.target, self.prompt = target, prompt
+        self.cache = None
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def logits(self, tokens: list[int]) -> torch.Tensor:
+        """[len(tokens), V]: row j is AR's logits after prompt + tokens[: j + 1]."""
+        key = tuple(tokens)
+        if key not in self.memo:
+            forward = type(self.target).forward  # the class's, never a replay installed on the instance
+            if self.cache is None:
+                self.cache = self.target.new_cache(capacity=len(self.prompt) + ROOM + 8)
+                forward(self.target, torch.tensor(self.prompt), self.cache, logits="last")
+            base = self.cache.length
+            self.memo[key] = forward(self.target, torch.tensor(tokens), self.cache).logits
+            self.cache.crop_to(base)
+        return self.memo[key]
+
+
+@torch.inference_mode()
+def sample_pits(target: Target, prompt: list[int], drafter, sampling: Sampling, n: int,
+                budget: int | None = None, first_seed: int = 0,
+                enough: Callable[[], bool] = lambda: False) -> LawSamples:
+    """n samples, or fewer once `enough()` (seed first_seed + i: the loop's prefill and first
+    speculative step, with `budget` as every proposal's DraftContext.budget); each token the step
+    keeps becomes a PIT value under AR's law after its prefix: the verify's own row on the accepted
+    path (a path's ancestor mask is the causal mask, so that row is AR's), or a clean forward where
+    the tree adds attention edges."""
+    out = LawSamples()
+    rng = random.Random(first_seed)
+    cfg = GenerationConfig(1 + ROOM, sampling, tree_budget=budget)
+    clean = CleanLaw(target, prompt)
+    for i in range(first_seed, first_seed + n):
+        generator = torch.Generator().manual_seed(i)
+        cache, _, root = prefill(target, prompt, cfg, generator, drafter)
+        if root in target.eos_token_ids:
+            continue
+        answer = Answer(target, cfg, target.eos_token_ids, [root], list(prompt) + [root])
+        step = speculative_step(target, cache, drafter, answer, root, sampling, generator, ROOM)
+        emitted = answer.ids[1:]
+        tree = step.tree
+        rows = (clean.logits([root] + emitted[:-1]) if (tree.extra_mask or tree.extra_children)
+                else step.verified.logits[step.verdict.path[: len(emitted)]])
+        for j, x in enumerate(emitted):
+            out.pits[j + 2].append(pit(processed_probs(rows[j], sampling.temperature, sampling.top_p), x, rng.random()))
+        out.n += 1
+        out.accepted += step.verdict.accepted > 0
+        if enough():
+            break
+    return out

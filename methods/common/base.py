@@ -107,8 +107,11 @@ class Drafter(nn.Module):
     @classmethod
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
         """Config overrides that give this method a tree of `budget` draft tokens per verify, or
-        size it for this machine ("auto"): what `--tree-budget` sets. {} for methods without a
-        tree budget (prompt lookup, SpS: their chains have their own length keys)."""
+        size it for this machine ("auto"): what a run's `--tree-budget` sets, recorded in the
+        method's config. {} (the default): `--tree-budget` leaves its config alone (prompt lookup,
+        SpS: their chains have their own length keys). Either way every tree must keep within
+        `DraftContext.budget` when it is set: `cli.py check-method` sets it for every drafter,
+        at a small and a large budget, and fails a tree above it."""
         return {}
 
     # ---- the decoding protocol ------------------------------------------------------------
@@ -122,7 +125,9 @@ class Drafter(nn.Module):
         [P, H] (and `side_logits` [S, V] of the `prefill_rows` asked for); `root` is the first new token."""
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        """A tree of draft tokens under `ctx.root`, at most `ctx.max_nodes - 1` deep."""
+        """A tree of draft tokens under `ctx.root`, at most `ctx.max_nodes - 1` deep and, when
+        `ctx.budget` is set, of at most that many draft nodes (`ctx.within_budget(n)`). Drafts
+        sampled at T > 0 carry the law they were drawn from in `DraftTree.q`."""
         raise NotImplementedError
 
     def observe(self, step: Acceptance) -> None:

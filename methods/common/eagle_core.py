@@ -207,7 +207,7 @@ class EagleCore(LearnedDrafter):
             beam_feat = out[[b // k for b in best]]
         self._cache.crop_to(committed)
         self.last_pool_size = len(pool)  # k + depth * k^2 (tests check it)
-        nodes = pool.select(self.tree_budget(pool.scores), ctx.max_nodes)
+        nodes = pool.select(ctx.within_budget(self.tree_budget(pool.scores)), ctx.max_nodes)
         self.note_kept(nodes)
         return build_tree(ctx.root, nodes)
 

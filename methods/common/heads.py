@@ -117,7 +117,7 @@ class HeadDrafter(LearnedDrafter):
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
-        return walk_static_tree(ctx.root, self.tree, ctx.max_nodes, self.ranker(ctx))
+        return walk_static_tree(ctx.root, self.tree, ctx.max_nodes, self.ranker(ctx), ctx.budget)
 
     # ---- training -------------------------------------------------------------------------
     def teacher_forced_heads(self, batch) -> Iterator[tuple[int, int, torch.Tensor]]:

@@ -48,11 +48,12 @@ class NgramDrafter(Drafter):
 
     def propose(self, ctx) -> DraftTree:
         self._index(ctx.tokens)
-        depth = min(self.config["depth"], ctx.max_nodes - 1)
+        depth = min(self.config["depth"], ctx.max_nodes - 1)  # the answer's room
+        budget = ctx.within_budget(self.config["width"] * depth)  # at most ctx.budget nodes when one is set
         tokens, parents = [ctx.root], [-1]
         for first in self._next(ctx.tokens, self.config["width"]) if depth > 0 else []:
             path, parent = [first], 0
-            while True:
+            while len(tokens) <= budget:
                 tokens.append(path[-1])
                 parents.append(parent)
                 parent = len(tokens) - 1
