@@ -631,8 +631,8 @@ app.add_typer(datastore_app, name="datastore")
 @friendly
 def datastore_build(
     from_: Annotated[list[str], typer.Option(
-        "--from", help="default (the training prompts + this target's distilled answers), a JSONL file or folder "
-                       "of texts, or a distill folder; repeatable")] = ["default"],
+        "--from", help="what to index, repeatable: 'default' (the training prompts + this target's distilled "
+                       "answers), a JSONL file or folder of texts, or a distill folder")] = ["default"],
     target: TargetOpt = "smollm2-135m",
     name: Annotated[Optional[str], typer.Option(
         help="cache name, used as --set rest.datastore=NAME (default: 'default', for the default corpus only)")] = None,

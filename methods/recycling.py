@@ -85,8 +85,9 @@ class TokenRecycling(Drafter):
         if self.tree.topk > int(self.config["topk"]):
             raise SpecbenchError(f"recycling: the tree uses rank {self.tree.topk - 1}, but topk={self.config['topk']} "
                                  f"keeps ranks below {self.config['topk']}; raise --set recycling.topk")
-        v, k = target.vocab_size, int(self.config["topk"])
-        self.adjacency = torch.zeros(v, k, dtype=torch.long)   # [V, k] ranked successors per token
+        v = target.vocab_size
+        self.k = min(int(self.config["topk"]), v)               # a vocabulary smaller than topk has fewer ranks
+        self.adjacency = torch.zeros(v, self.k, dtype=torch.long)   # [V, k] ranked successors per token
         self.seen = torch.zeros(v, dtype=torch.bool)           # rows written at least once
 
     @classmethod
@@ -109,7 +110,7 @@ class TokenRecycling(Drafter):
 
     def observe(self, step: Acceptance) -> None:
         """Rows from the verified logits: every node's (the path's last, so they win), or the path's."""
-        k = int(self.config["topk"])
+        k = self.k
         if self.config["update"] == "tree":
             on_path = set(step.path)
             nodes = [i for i in range(step.tree.tokens.numel()) if i not in on_path] + list(step.path)
