@@ -1,16 +1,23 @@
 """Token Recycling (Luo et al., 2024): an adjacency matrix holds each token's top-k next tokens
-as the target last predicted them, and a static tree template is filled from it: a node's
-children are the ranked row of its token. Nothing is trained.
+as the target predicted them, and a static tree template is filled from it: a node's children
+are the ranked row of its token. Nothing is trained.
 
-Every verify recycles the target's logits: the top-k at every verified node, rejected nodes
-included, overwrite the rows of those nodes' tokens (`update="tree"`, as the official code does;
-"path": the accepted path's rows only). A token in the tree more than once gets its row from the
-accepted path if it lies there, else from its last node (the official code leaves duplicates to
-the order of a scatter). A token never seen has no row and so no children (the official code
-drafts token 0 under it, which the target never picks here).
+Every verify recycles the target's logits, the top-k at every verified node, rejected nodes
+included. How a row is kept (`update`):
+  "tree"     as the official code: every node's row overwrites its token's (the accepted path's
+             last, so it wins over a rejected duplicate; the official scatter leaves that order to
+             the device). The matrix starts empty.
+  "context"  (default) the text speaks first: a token of the text so far keeps the row of its
+             last occurrence in the text (the prompt's rows from the prefill's features, through
+             the target's LM head, as SAM-Decoding's Token Recycling seeds them; then each step's
+             accepted path), and a rejected node's row is kept only for a token the text has not
+             shown. The matrix is then a function of the text wherever the text says something,
+             so a resumed answer drafts what the running one did (`check-method`'s protocol), and
+             the prompt's tokens have rows from the first step on.
+A token never seen has no row and so no children (the official code drafts token 0 under it).
 
 State across answers: the official runner keeps one matrix for the whole benchmark; here each
-answer starts empty (`keep_across_answers` false), so an answer never depends on which questions
+answer starts anew (`keep_across_answers` false), so an answer never depends on which questions
 ran before it, in which process or order (resumed runs, Ray tasks, the method rotation), as for
 every other method; `--set recycling.keep_across_answers=true` keeps the matrix as the paper does.
 At T > 0 the drafts are deterministic (point mass, q = None) and the shared verifier's recursive
@@ -57,7 +64,8 @@ TREE_SAMD = [
     [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 1, 0, 0], [1, 0, 0, 0, 0],
 ]
 TEMPLATES = {"2.2.2": TREE_222, "samd": TREE_SAMD}
-UPDATES = ("tree", "path")
+UPDATES = ("context", "tree")
+SEED_ROWS = 256  # prompt rows projected through the LM head at once (a [256, V] logits block)
 
 
 class TokenRecycling(Drafter):
@@ -72,7 +80,7 @@ class TokenRecycling(Drafter):
     defaults: dict[str, Any] = {
         "tree": "2.2.2",          # template name ("2.2.2": the official 80 nodes; "samd": SAM-Decoding's 60) or rank paths
         "topk": 8,                # successors kept per token (the official `output_id_topk`)
-        "update": "tree",         # rows from every verified node ("tree", official) or the accepted path's ("path")
+        "update": "context",      # "context": the text's rows first (and the prompt's); "tree": every node's, as official
         "keep_across_answers": False,  # True: one matrix for the whole run, as the official runner
     }
 
@@ -89,6 +97,7 @@ class TokenRecycling(Drafter):
         self.k = min(int(self.config["topk"]), v)               # a vocabulary smaller than topk has fewer ranks
         self.adjacency = torch.zeros(v, self.k, dtype=torch.long)   # [V, k] ranked successors per token
         self.seen = torch.zeros(v, dtype=torch.bool)           # rows written at least once
+        self.in_text = torch.zeros(v, dtype=torch.bool)        # tokens of this answer's text ("context" rows)
 
     @classmethod
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
@@ -99,6 +108,21 @@ class TokenRecycling(Drafter):
     def begin(self, prompt: torch.Tensor, prefill, root: int) -> None:
         if not self.config["keep_across_answers"]:
             self.seen.zero_()
+        self.in_text.zero_()
+        if self.config["update"] == "context":
+            self.seed(prompt, prefill.hidden)
+
+    @torch.inference_mode()
+    def seed(self, prompt: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Rows of the prompt's tokens from their last occurrence: the target's top-k there, from
+        the prefill's features [P, H] through its LM head, in blocks of SEED_ROWS rows."""
+        last = {t: i for i, t in enumerate(prompt.tolist())}
+        tokens, rows = list(last), torch.tensor(list(last.values()))
+        for i in range(0, len(tokens), SEED_ROWS):
+            block = rows[i : i + SEED_ROWS].to(hidden.device)
+            top = self.target.project(hidden[block]).topk(self.k, dim=-1).indices.cpu()
+            self.write(tokens[i : i + SEED_ROWS], top)
+        self.in_text[tokens] = True
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         def rank_children(level: Level) -> list[list[int]]:
@@ -109,16 +133,20 @@ class TokenRecycling(Drafter):
         return walk_static_tree(ctx.root, self.tree, ctx.max_nodes, rank_children)
 
     def observe(self, step: Acceptance) -> None:
-        """Rows from the verified logits: every node's (the path's last, so they win), or the path's."""
-        k = self.k
-        if self.config["update"] == "tree":
-            on_path = set(step.path)
-            nodes = [i for i in range(step.tree.tokens.numel()) if i not in on_path] + list(step.path)
-            rows = torch.tensor(nodes, device=step.tree_logits.device)
-            successors = step.tree_logits[rows].topk(k, dim=-1).indices.cpu()   # [N+1, k]
-            tokens = step.tree.tokens[nodes]
-        else:
-            successors, tokens = step.logits.topk(k, dim=-1).indices.cpu(), step.tokens  # [A+1, k], [A+1]
-        last = {t: i for i, t in enumerate(tokens.tolist())}   # a token's last row wins
+        """Rows from every verified node's logits: the path's written last, so they win; in
+        "context" mode a rejected node's row only for a token not in the text."""
+        on_path = set(step.path)
+        rejected = [i for i in range(step.tree.tokens.numel()) if i not in on_path]
+        if self.config["update"] == "context":
+            known = (self.in_text[step.tree.tokens] | torch.isin(step.tree.tokens, step.tokens)).tolist()
+            rejected = [i for i in rejected if not known[i]]
+        nodes = rejected + list(step.path)
+        rows = torch.tensor(nodes, device=step.tree_logits.device)
+        self.write(step.tree.tokens[nodes].tolist(), step.tree_logits[rows].topk(self.k, dim=-1).indices.cpu())
+        self.in_text[step.tokens] = True
+
+    def write(self, tokens: list[int], successors: torch.Tensor) -> None:
+        """adjacency[tokens[i]] = successors[i] ([n, k]); a later row of the same token wins."""
+        last = {t: i for i, t in enumerate(tokens)}
         self.adjacency[list(last)] = successors[list(last.values())]
         self.seen[list(last)] = True

@@ -10,7 +10,7 @@ from cli import app
 from harness.core.tree import DraftTree
 from harness.runs.check_method import CheckOptions, check_method
 from harness.runs.tree_contract import nested, tree_violations
-from tests.random_drafters import builtin_methods, layers_needed
+from tests.random_drafters import builtin_methods, datastore_settings, layers_needed
 
 FAST = dict(target="tiny", prompts=1, max_new_tokens=24, law_samples=400)
 
@@ -39,8 +39,9 @@ def statuses(card) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", builtin_methods())
 def test_every_builtin_method_passes_on_the_tiny_target(tiny, deep_tiny, name):
-    settings = {"draft": "tiny"} if name == "sps" else {}  # SpS needs a draft model: the tiny twin
     target = deep_tiny if layers_needed(name) > tiny.num_layers else tiny
+    # SpS needs a draft model (the tiny twin), REST and SAM-Decoding a datastore
+    settings = {"draft": "tiny"} if name == "sps" else datastore_settings(name, target)
     card = check_method(name, CheckOptions(**FAST, settings=settings), target=target)
     got = statuses(card)
     assert card.passed, [(r.rule, r.detail) for r in card.results if r.status == "fail"]

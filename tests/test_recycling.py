@@ -28,10 +28,12 @@ def test_the_templates_are_the_official_ones():
         assert max(map(len, choices)) == depth and max(c[-1] for c in choices) == rank
 
 
-@pytest.mark.parametrize("update", ["tree", "path"])
+@pytest.mark.parametrize("update", ["tree", "context"])
 def test_observe_writes_top_k_rows_and_the_path_wins(tiny_target, update):
     """Tree: root 10 -> (11 -> 12), (12); the accepted path is 10 -> 11 -> 12 (nodes 0, 1, 2), and token
-    12 also sits at the rejected node 3, so its row must come from the path's node 2."""
+    12 also sits at the rejected node 3, so its row must come from the path's node 2. Then a step
+    whose path is the root alone: its rejected node 11 (a token of the text) overwrites 11's row
+    in "tree" mode only; the new token 21 gets a row in both."""
     d = TokenRecycling(tiny_target, {"update": update, "topk": 3, "tree": [[0], [1], [2]]})
     tree = DraftTree(torch.tensor([10, 11, 12, 12]), torch.tensor([-1, 0, 1, 0]))
     logits = torch.randn(4, tiny_target.vocab_size, generator=torch.Generator().manual_seed(0))
@@ -40,12 +42,27 @@ def test_observe_writes_top_k_rows_and_the_path_wins(tiny_target, update):
     for node, token in ((0, 10), (1, 11), (2, 12)):
         assert d.adjacency[token].tolist() == top[node].tolist()
     assert d.seen.nonzero().flatten().tolist() == [10, 11, 12]
-    # A rejected node's token gets its row in "tree" mode only.
-    tree2 = DraftTree(torch.tensor([10, 20, 21]), torch.tensor([-1, 0, 0]))
-    d.observe(step_of(tree2, [0], logits[:3]))
-    assert bool(d.seen[20]) == (update == "tree") and bool(d.seen[21]) == (update == "tree")
-    if update == "tree":
-        assert d.adjacency[21].tolist() == top[2].tolist()
+    tree2 = DraftTree(torch.tensor([10, 11, 21]), torch.tensor([-1, 0, 0]))
+    logits2 = torch.randn(3, tiny_target.vocab_size, generator=torch.Generator().manual_seed(1))
+    top2 = logits2.topk(3, dim=-1).indices
+    d.observe(step_of(tree2, [0], logits2))
+    assert d.adjacency[11].tolist() == (top2[1] if update == "tree" else top[1]).tolist()
+    assert d.adjacency[21].tolist() == top2[2].tolist() and d.adjacency[10].tolist() == top2[0].tolist()
+
+
+def test_context_mode_seeds_the_prompt_rows_from_the_prefill(tiny_target):
+    """Each prompt token's row is the target's top-k at its last occurrence in the prompt."""
+    d = TokenRecycling(tiny_target, {"topk": 4, "tree": [[0]]})
+    prompt = torch.tensor([5, 6, 5, 7])
+    hidden = torch.randn(4, tiny_target.hidden_size, generator=torch.Generator().manual_seed(2))
+    d.begin(prompt, type("Prefill", (), {"hidden": hidden})(), root=8)
+    top = tiny_target.project(hidden).topk(4, dim=-1).indices
+    assert d.adjacency[5].tolist() == top[2].tolist() and d.adjacency[6].tolist() == top[1].tolist()
+    assert d.adjacency[7].tolist() == top[3].tolist()
+    assert d.seen.nonzero().flatten().tolist() == [5, 6, 7]
+    tree_mode = TokenRecycling(tiny_target, {"topk": 4, "tree": [[0]], "update": "tree"})
+    tree_mode.begin(prompt, None, root=8)
+    assert not tree_mode.seen.any()
 
 
 def test_propose_walks_the_template_through_the_rows(tiny_target):
@@ -65,18 +82,18 @@ def test_a_template_deeper_than_topk_is_refused(tiny_target):
     with pytest.raises(SpecbenchError, match="raise --set recycling.topk"):
         TokenRecycling(tiny_target, {"topk": 4})
     with pytest.raises(SpecbenchError, match="recycling.update"):
-        TokenRecycling(tiny_target, {"update": "all"})
+        TokenRecycling(tiny_target, {"update": "path"})
 
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_begin_resets_the_matrix_unless_kept(tiny_target, keep):
-    d = TokenRecycling(tiny_target, {"keep_across_answers": keep})
+    d = TokenRecycling(tiny_target, {"keep_across_answers": keep, "update": "tree"})
     d.seen[3] = True
     d.begin(torch.tensor([1, 2]), None, 3)
     assert bool(d.seen[3]) == keep
 
 
-@pytest.mark.parametrize("config", [{}, {"update": "path"}, {"keep_across_answers": True}, {"tree": "samd"}])
+@pytest.mark.parametrize("config", [{}, {"update": "tree"}, {"keep_across_answers": True}, {"tree": "samd"}])
 def test_greedy_recycling_equals_ar_with_drafts_accepted(tiny_target, config):
     d = TokenRecycling(tiny_target, config)
     seen_rows = []
