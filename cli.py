@@ -66,6 +66,8 @@ ShardsOpt = Annotated[Optional[int], typer.Option(
 CiOpt = Annotated[bool, typer.Option("--ci", help="bootstrap 95% intervals in the markdown table too")]
 AllowDirtyOpt = Annotated[bool, typer.Option("--allow-dirty", help="accept a run made from uncommitted changes")]
 RunFolderArg = Annotated[Path, typer.Argument(help="a run folder")]
+SkipInvalidOpt = Annotated[bool, typer.Option(
+    "--skip-invalid", help="leave out records whose fields disagree (counted in the captions) instead of refusing")]
 # run / compare / ablate: what a run answers (harness.runs.config.RunConfig)
 MethodsOpt = Annotated[Optional[str], typer.Option(
     "--methods", "--method", "-m", help="methods beside AR, comma-separated (compare without it: pld + every "
@@ -166,15 +168,17 @@ def run(
     out: RunDirOpt = None,
 ):
     """Run methods and AR on the same prompts; write records.jsonl, meta.json and summary.csv. Resumes."""
-    from harness.runs.executor import run_grid, summarize_dir
+    from harness.runs.executor import run_folder, run_grid, summarize_dir
+    from harness.runs.folder_lock import hold
 
     cfg = run_config(ctx, methods=split_csv(method), benchmarks=benchmark, temperatures=[temperature], settings=set_,
                      tree_budget=tree_budget, ids=ids, target=target, dtype=dtype, device=device,
                      device_map=device_map, compile=compile_, limit=limit, max_new_tokens=max_new_tokens, top_p=top_p,
                      acceptance=acceptance, seed=seed, checkpoint=checkpoint, chat_template=chat_template,
                      system_prompt=system_prompt)
-    path = run_grid(cfg, out, data_dir, err)   # a grid of one temperature; meta.json stores the RunConfig
-    print_summary(summarize_dir(path))
+    with hold(run_folder(cfg, out)):   # the folder's one writer from here to the summary
+        path = run_grid(cfg, out, data_dir, err)   # a grid of one temperature; meta.json stores the RunConfig
+        print_summary(summarize_dir(path))
     console.print(f"run folder: {path}")
 
 
@@ -251,7 +255,8 @@ def compare(
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
     from harness.report.run_readme import write_report
-    from harness.runs.executor import run_grid, summarize_dir
+    from harness.runs.executor import run_folder, run_grid, summarize_dir
+    from harness.runs.folder_lock import hold
 
     cfg = run_config(ctx, methods=split_csv(methods) if methods else None, benchmarks=benchmarks,
                      temperatures=temperature, settings=set_, tree_budget=tree_budget, preset=preset, target=target,
@@ -259,16 +264,17 @@ def compare(
                      max_new_tokens=max_new_tokens, top_p=top_p, acceptance=acceptance, seed=seed,
                      chat_template=chat_template, system_prompt=system_prompt,
                      typical=split_csv(typical) if typical else [])
-    run_dir = run_grid(cfg, out, data_dir, err, command="compare", ray=ray, ray_address=ray_address, pack=pack)
-    print_summary(summarize_dir(run_dir))
-    paths = write_report(run_dir, ci)
-    print_markdown(run_dir / "tables" / "main.md")
-    print_written(run_dir, paths)
-    if record:
-        from harness.runs.history import HISTORY_FILE, record_history
+    with hold(run_folder(cfg, out, "compare")):   # the folder's one writer from here to the report
+        run_dir = run_grid(cfg, out, data_dir, err, command="compare", ray=ray, ray_address=ray_address, pack=pack)
+        print_summary(summarize_dir(run_dir))
+        paths = write_report(run_dir, ci)
+        print_markdown(run_dir / "tables" / "main.md")
+        print_written(run_dir, paths)
+        if record:
+            from harness.runs.history import HISTORY_FILE, record_history
 
-        n = record_history(run_dir, history_file or HISTORY_FILE, allow_dirty)
-        console.print(f"history: {n} cells appended to {history_file or HISTORY_FILE}")
+            n = record_history(run_dir, history_file or HISTORY_FILE, allow_dirty)
+            console.print(f"history: {n} cells appended to {history_file or HISTORY_FILE}")
     console.print(f"run folder: {run_dir}")
 
 
@@ -303,15 +309,17 @@ def ablate(
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
     from harness.report.run_readme import write_report
     from harness.runs.compare import ablation_grid
-    from harness.runs.executor import run_grid
+    from harness.runs.executor import run_folder, run_grid
+    from harness.runs.folder_lock import hold
 
     cfg = run_config(ctx, methods=[method], benchmarks=benchmarks, temperatures=temperature, settings=[],
                      tree_budget=None, preset=preset, target=target, dtype=dtype, device=device, compile=compile_,
                      limit=limit, max_new_tokens=max_new_tokens, acceptance=acceptance, seed=seed)
     cfg, variants, ablation = ablation_grid(method, set_, grid, cfg, tree_budget)
-    run_dir = run_grid(cfg, out, data_dir, err, command="ablate", variants=variants, ablation=ablation,
-                       train_steps=train_steps, ray=ray, ray_address=ray_address, pack=pack)
-    paths = write_report(run_dir, ci)
+    with hold(run_folder(cfg, out, "ablate", ablation)):   # the folder's one writer from here to the report
+        run_dir = run_grid(cfg, out, data_dir, err, command="ablate", variants=variants, ablation=ablation,
+                           train_steps=train_steps, ray=ray, ray_address=ray_address, pack=pack)
+        paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)
     console.print(f"run folder: {run_dir}")
@@ -319,22 +327,22 @@ def ablate(
 
 @app.command()
 @friendly
-def table(run_dir: RunFolderArg, ci: CiOpt = False):
+def table(run_dir: RunFolderArg, ci: CiOpt = False, skip_invalid: SkipInvalidOpt = False):
     """Rebuild DIR/tables/ (main or ablation, cost, depth: .md .tex .csv) from records.jsonl."""
     from harness.report.run_readme import write_report
 
-    paths = write_report(run_dir, ci, plots=False)
+    paths = write_report(run_dir, ci, plots=False, skip_invalid=skip_invalid)
     print_markdown(paths[0])
     print_written(run_dir, paths)
 
 
 @app.command()
 @friendly
-def plot(run_dir: RunFolderArg):
+def plot(run_dir: RunFolderArg, skip_invalid: SkipInvalidOpt = False):
     """Rebuild DIR/plots/ (speedup, tau, depth, time [, ablation]: .png .svg) from records.jsonl."""
     from harness.report.run_readme import write_report
 
-    print_written(run_dir, write_report(run_dir, tables=False))
+    print_written(run_dir, write_report(run_dir, tables=False, skip_invalid=skip_invalid))
 
 
 @app.command()
@@ -431,6 +439,7 @@ def history(
     from rich.table import Table
 
     from harness.report.plots import plot_history
+    from harness.runs.folder_lock import hold
     from harness.runs.history import HISTORY_FILE, history_frame, history_moves
 
     file = history_file or HISTORY_FILE
@@ -453,7 +462,8 @@ def history(
         console.print(f"  {line}", soft_wrap=True)
     first = frame.iloc[0]
     setting = f"{first['target']}, {first['dtype']}, {first['max_new_tokens']} tokens, T={temperature:g}"
-    paths = plot_history(frame, out or file.parent, benchmark, setting=setting, tolerance=tolerance)
+    with hold(out or file.parent, "--out"):   # the plots' folder: one writer
+        paths = plot_history(frame, out or file.parent, benchmark, setting=setting, tolerance=tolerance)
     console.print(f"plot: {', '.join(map(str, paths))}")
 
 
@@ -531,7 +541,8 @@ def fetch_data(dest: Annotated[Path, typer.Argument(help="folder to write <bench
 
     from harness.runs.benchmarks import fetch_data as fetch
 
-    paths = fetch(dest, opener=lambda url: urlopen(url, timeout=60), force=force)
+    paths = fetch(dest, opener=lambda url: urlopen(url, timeout=60), force=force,
+                  notify=lambda line: err.print(f"[yellow]warning:[/] {line}", soft_wrap=True))
     for p in paths:
         console.print(f"ok {p}")
 
@@ -680,6 +691,9 @@ def train(
     train_share: Annotated[float, typer.Option(
         help="train on this share of the training conversations (nested; the held-out set stays whole): "
              "the data curve")] = 1.0,
+    commit_every: Annotated[float, typer.Option(
+        help="minutes between git commits of --out (weights, resume state, log) for a training that spans "
+             "sessions on machines that may change; 0: never")] = 0.0,
     threads: ThreadsOpt = 0,
 ):
     """Train a drafter on the shared distilled data (the target's features are extracted at --dtype and
@@ -700,8 +714,108 @@ def train(
     tgt = Target.load(target, device, dtype)
     result = train_method(tgt, method, overrides, steps=steps, lr=lr, data=data, prompts=prompts,
                           tokens_per_batch=tokens_per_batch, max_len=max_len, autocast=autocast, out=out,
-                          init_from=init_from, console=err, shards=shards, train_share=train_share)
+                          init_from=init_from, console=err, shards=shards, train_share=train_share,
+                          commit_every_s=60.0 * commit_every)
     console.print_json(data=result)
+
+
+@app.command()
+@friendly
+def peers(
+    ctx: typer.Context,
+    names: Annotated[Optional[str], typer.Option(
+        "--peers", "-p", help="official implementations to run beside ours, comma-separated (see --list)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the peers and exit")] = False,
+    benchmarks: BenchmarksOpt = "mt_bench,gsm8k",
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="one sampling temperature")] = 0.0,
+    target: TargetOpt = "smollm2-135m",
+    dtype: DtypeOpt = "float32",
+    data_dir: DataDirOpt = None,
+    limit: LimitOpt = 10,
+    max_new_tokens: MaxNewTokensOpt = 128,
+    seed: SeedOpt = 0,
+    peer_root: Annotated[Path, typer.Option(help="folder holding the peers' code, unmodified")] = Path("../shared/peers"),
+    ours: Annotated[bool, typer.Option("--ours/--no-ours", help="also run our methods with the peers' settings")] = True,
+    threads: ThreadsOpt = 1,
+    out: RunDirOpt = None,
+):
+    """Ours and the official implementations side by side: same target, weights and prompt ids, each
+    peer in its own environment (`bash scripts/setup_peers.sh`); tables with both. Resumes."""
+    from harness.peers.catalog import PEERS
+    from harness.peers.runner import run_peers
+    from harness.report.run_readme import write_report
+    from harness.runs.executor import summarize_dir
+
+    if list_:
+        for p in PEERS.values():
+            console.print(f"{p.name:24} {p.label:28} {p.folder} (transformers {p.transformers})")
+        return
+    if not names:
+        raise typer.BadParameter("name the peers to run (--peers a,b; see --list)", param_hint="--peers")
+    set_threads(threads)
+    cfg = run_config(ctx, methods=None, benchmarks=benchmarks, temperatures=[temperature], settings=[],
+                     tree_budget=None, preset=None, target=target, dtype=dtype, device="cpu", device_map=None,
+                     compile=False, limit=limit, max_new_tokens=max_new_tokens, top_p=1.0, acceptance=None, seed=seed,
+                     chat_template=None, system_prompt=None, typical=[])
+    run_dir = run_peers(split_csv(names), cfg, out or Path("results/runs/peers"), data_dir, peer_root, err, threads,
+                        ours)
+    print_summary(summarize_dir(run_dir))
+    paths = write_report(run_dir, False)
+    print_markdown(run_dir / "tables" / "main.md")
+    print_written(run_dir, paths)
+    console.print(f"run folder: {run_dir}")
+
+
+@app.command()
+@friendly
+def features(
+    method: MethodOpt,
+    target: TargetOpt = "smollm2-135m",
+    data: DistillDataOpt = [],
+    prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
+    set_: SettingsOpt = [],
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "auto",
+    shards: ShardsOpt = None,
+    threads: ThreadsOpt = 0,
+):
+    """Extract (or finish extracting) the target features METHOD trains on into the cache, shard by
+    shard, without training: `train` does the same first, so this only splits a long job in two."""
+    from harness.core.target import Target
+    from harness.runs.settings import parse_settings
+    from harness.train.pipeline import extract_for
+    from methods.registry import get_method
+
+    set_threads(threads)
+    cls = get_method(method)
+    overrides = parse_settings(set_)
+    cls.resolve_config(overrides)  # unknown keys fail before the target loads
+    tgt = Target.load(target, device, dtype)
+    for folder in extract_for(tgt, cls(tgt, overrides), data, prompts, err, shards):
+        console.print(folder)
+
+
+@app.command()
+@friendly
+def export(
+    method: Annotated[str, typer.Argument(help="a learned method (see `cli.py list`)")],
+    out: Annotated[Path, typer.Option(help="folder to write the config.json and weight file into")],
+    layout: Annotated[str, typer.Option(help="official: the paper's released layout, which its own code loads")] = "official",
+    target: TargetOpt = "smollm2-135m",
+    checkpoint: CheckpointOpt = None,
+    base_model: Annotated[Optional[str], typer.Option(
+        help="base model folder named in config.json where the official code reads one (Medusa, Hydra)")] = None,
+):
+    """Write a drafter (the committed weights, or --checkpoint) in its paper's official layout, one line per
+    thing that layout cannot express; the export loads back with --checkpoint OUT."""
+    from harness.core.target import Target
+    from harness.peers.export import export_drafter
+
+    done = export_drafter(method, Target.load(target, "cpu", "float32"), out, checkpoint, base_model, layout)
+    for path in done.files:
+        console.print(f"wrote {path}")
+    for line in done.departures:
+        console.print(f"departure: {line}", soft_wrap=True)
 
 
 @app.command("calibrate-tree")

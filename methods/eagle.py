@@ -8,7 +8,9 @@ import torch
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import Level, walk_static_tree
 from harness.core.verify import processed_probs, sample_distinct
+from methods.common.config_types import kinds
 from methods.common.eagle_core import EagleCore
+from methods.common.official_layout import target_field
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -30,10 +32,26 @@ class Eagle(EagleCore):
     order = 50
     checkpoint_layout = "SafeAILab/EAGLE: config.json + pytorch_model.bin (fc.*, layers.0.*)"
     defaults = {**EagleCore.defaults, "tree": EAGLE1_TREE}
+    config_types = {"tree": kinds("str", "list")}   # a named tree or its rank paths
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
         self.tree = StaticTree.named(self.config["tree"])
+
+    def official_departures(self) -> list[str]:
+        """EAGLE's, and what Spec-Bench's EAGLE-1 (model/eagle/, the EAGLE-1 peer) cannot read: its
+        draft layer takes RoPE base 10,000 whatever the config says (cnets.py:216) and builds q/k/v
+        without bias (cnets.py:208-210)."""
+        out = super().official_departures()
+        theta = (self.config["layer_config"] or {}).get("rope_theta", target_field(self.target.config, "rope_theta"))
+        if theta is not None and float(theta) != 10000.0:
+            out.append(f"RoPE base: ours {float(theta):,.0f}; Spec-Bench's EAGLE-1 draft ignores rope_theta and "
+                       "uses 10,000 (model/eagle/cnets.py:216), as does its base model (model/eagle/modeling_llama_kv.py:497-499); "
+                       "EAGLE-2's read it")
+        if self.stack.layers[0].self_attn.q_proj.bias is not None:
+            out.append("q/k/v bias: ours has one; Spec-Bench's EAGLE-1 draft builds none (model/eagle/cnets.py:208-210) "
+                       "and its strict load refuses the file (model/eagle/ea_model.py:106)")
+        return out
 
     @classmethod
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:

@@ -37,8 +37,10 @@ from harness.core.layer_math import FusedWeights, fuse_weights, fused_tensors, l
 from harness.core.packed_linear import apply_linear, tensors_key
 from harness.core.tree import DraftTree
 from methods.common.checkpoint_io import read_config, read_state
-from methods.common.eagle_core import EagleCore, draft_layer_config
+from methods.common.config_types import integer
+from methods.common.eagle_core import EagleCore, draft_layer_config, official_draft_config, rope_scaling_departure
 from methods.common.losses import CHUNK_ELEMENTS
+from methods.common.official_layout import KeyMap, OfficialFiles, exported
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
@@ -86,6 +88,15 @@ class Eagle3(EagleCore):
         "preset": "default",
     }
     arch_keys = ("layer_config", "draft_vocab", "ttt_steps", "fuse_layers")
+    config_types = {"ttt_steps": integer(1)}
+    full_vocab_paper = False  # EAGLE-3's own draft vocabulary (d2t/t2d) is the paper's
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """The paper unrolls the training-time test 7 steps and fuses all three layers."""
+        out = [] if int(config.get("ttt_steps", 7)) == 7 else [f"{config['ttt_steps']}-step TTT"]
+        fused = config.get("fuse_layers", "low,mid,high")
+        return out + ([] if fused == "low,mid,high" else [f"fuses {fused}"])
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -308,6 +319,13 @@ class Eagle3(EagleCore):
         return out
 
     # ---- official checkpoints ------------------------------------------------------------
+    # Released EAGLE-3 keys are ours (SafeAILab/EAGLE eagle/model/cnets.py:478-545); `layers.0.*`
+    # (SGLang/SpecForge files) is read as `midlayer.*`; the copy of the target's embedding the
+    # official module holds is skipped when read and written from the target's.
+    official_keys = KeyMap(pairs=(("midlayer.", "midlayer."), ("fc.", "fc."), ("norm.", "norm."),
+                                  ("lm_head.", "lm_head."), ("d2t", "d2t"), ("t2d", "t2d")),
+                           official_only=("embed_tokens.", "rotary_emb"), read_aliases=(("layers.0.", "midlayer."),))
+
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Eagle3":
         cfg = read_config(folder, cls.name)
@@ -326,16 +344,26 @@ class Eagle3(EagleCore):
         drafter.load_weights(folder, state=mapped)
         return drafter
 
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """The authors' EAGLE-3 layout (SafeAILab/EAGLE, Spec-Bench's EAGLE-3): pytorch_model.bin
+        with every tensor of the official module, the target's embedding included (the module
+        holds one and loads non-strictly: ea_model.py:76), and config.json with draft_vocab_size.
+        The official fc always fuses the three captures (cnets.py:531-534)."""
+        if self.config["fuse_layers"] != ",".join(LAYER_NAMES):
+            raise SpecbenchError(f"eagle3 with fuse_layers={self.config['fuse_layers']} has no official layout: "
+                                 "the official fc always reads the low, middle and high captures "
+                                 "(eagle/model/cnets.py:531-534)")
+        weights = {"embed_tokens.weight": exported(self.target.embed_tokens.weight)}
+        weights.update({k: exported(v) for k, v in self.official_keys.to_official(self.state_dict()).items()})
+        config = {**official_draft_config(self.target, self.config["layer_config"], 1),
+                  "draft_vocab_size": self.draft_vocab_size or self.target.vocab_size}
+        return OfficialFiles(weights, "pytorch_model.bin", config, rope_scaling_departure(self.target))
+
 
 def official_state(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
-    """Released EAGLE-3 keys -> ours (the same names): `layers.0.*` (SGLang/SpecForge files) is read
-    as `midlayer.*`; a copied embedding and rotary buffers are dropped; at full vocab d2t/t2d are
-    dropped, as the official loader deletes them."""
-    out = {}
-    for k, v in state.items():
-        if k.startswith("embed_tokens.") or "rotary_emb" in k:
-            continue
-        out["midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k] = v
+    """Released EAGLE-3 keys -> ours (`Eagle3.official_keys`); at full vocab d2t/t2d are dropped,
+    as the official loader deletes them (ea_model.py:74-75)."""
+    out = Eagle3.official_keys.to_ours(state)
     head = out.get("lm_head.weight")
     if head is not None and head.shape[0] >= vocab_size:
         out.pop("d2t", None)

@@ -29,12 +29,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from harness.core.errors import SpecbenchError
 from harness.core.packed_linear import apply_linear
 from harness.core.tree import DraftTree
 from harness.core.tree_build import CandidatePool, Node, build_tree
 from methods.common.losses import masked_smooth_l1
-from methods.common.eagle_core import EagleCore
+from methods.common.checkpoint_io import read_config, read_state
+from methods.common.eagle_core import EagleCore, draft_layer_config, official_draft_config
+from methods.common.official_layout import KeyMap, OfficialFiles, exported
 from methods.common.blocks import ResBlock
+from methods.common.config_types import integer
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -76,6 +80,13 @@ class Gumiho(EagleCore):
         "preset": "default",
     }
     arch_keys = EagleCore.arch_keys + ("mlp_heads", "mlp_blocks")
+    config_types = {"mlp_heads": integer(1), "mlp_blocks": integer(0), "mlp_ce_from_epoch": integer(0),
+                    "mlp_topk": integer(1), "pruning": integer(1)}
+
+    @classmethod
+    def candidates(cls, config: dict[str, Any]) -> int:
+        """Two serial levels of `top_k`, then `mlp_heads` MLP levels of `pruning` each."""
+        return 2 * config["top_k"] + config["mlp_heads"] * config["pruning"]
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -97,8 +108,6 @@ class Gumiho(EagleCore):
 
                 raise unknown(f"value for {key}", str(cfg[key]), allowed)
         if cfg["depth"] - cfg["mlp_heads"] < 1:
-            from harness.core.errors import SpecbenchError
-
             raise SpecbenchError(f"gumiho needs depth > mlp_heads (one serial expansion at least); "
                                  f"got depth {cfg['depth']}, mlp_heads {cfg['mlp_heads']}")
         return cfg
@@ -209,24 +218,45 @@ class Gumiho(EagleCore):
         return fta_paper(tree) if cfg["fta"] == "paper" else tree
 
     # ---- official checkpoints ------------------------------------------------------------
+    # The released file's keys (AMD-AIG-AIMA/Gumiho): EAGLE's, plus the MLP heads as `mlp.{i}.{j}.*`
+    # (its loader renames them to its module's `mlp.mlp.`: gumiho/model/gumiho_model.py:74-80; a
+    # state dict of that module is read too).
+    official_keys = KeyMap(pairs=(("layers.", "stack.layers."), ("fc.", "fc."), ("mlp.", "mlp.")),
+                           official_only=("embed_tokens.", "rotary_emb"), ours_only=("draft_ids",),
+                           read_aliases=(("mlp.mlp.", "mlp."),))
+    official_head = "gumiho/model/cnets.py:784"
+    OFFICIAL_BLOCKS = 5  # ResBlocks per MLP head, fixed in the official module (gumiho/model/cnets.py:524-531)
+
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Gumiho":
-        from methods.common.checkpoint_io import read_state
-
-        state = read_state(folder, cls.name)
-        mapped = {}
-        for key, val in state.items():
-            if key.startswith("embed_tokens.") or "rotary_emb" in key:
-                continue
-            key = key.replace("mlp.mlp.", "mlp.", 1) if key.startswith("mlp.mlp.") else key
-            mapped[("stack." + key) if key.startswith("layers.") else key] = val
+        mapped = cls.official_keys.to_ours(read_state(folder, cls.name))
         layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
         heads = 1 + max(int(k.split(".")[1]) for k in mapped if k.startswith("mlp."))
         blocks = max(int(k.split(".")[2]) for k in mapped if k.startswith("mlp."))
-        drafter = cls(target, {"layers": layers, "mlp_heads": heads, "mlp_blocks": blocks, "draft_vocab": 0,
-                               **overrides})
+        arch = {"layers": layers, "mlp_heads": heads, "mlp_blocks": blocks, "draft_vocab": 0,
+                "layer_config": draft_layer_config(read_config(folder, cls.name), target)}
+        drafter = cls(target, {**arch, **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter
+
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """The released layout: pytorch_model.bin, loaded strictly (gumiho_model.py:82), so with the
+        target's embedding and fc's bias (always built: gumiho_model.py:59, cnets.py:542,585; ours
+        without one is written as zeros); a config.json with the EConfig fields, which the official
+        loader does not read (it picks a repository file by --model_name: gumiho_model.py:122-137)."""
+        if self.config["mlp_blocks"] != self.OFFICIAL_BLOCKS:
+            raise SpecbenchError(f"gumiho with mlp_blocks={self.config['mlp_blocks']} has no official layout: the "
+                                 f"official heads have {self.OFFICIAL_BLOCKS} ResBlocks (gumiho/model/cnets.py:524-531)")
+        weights = {"embed_tokens.weight": exported(self.target.embed_tokens.weight)}
+        weights.update({k: exported(v) for k, v in self.official_keys.to_official(self.state_dict()).items()})
+        weights.setdefault("fc.bias", torch.zeros(self.target.hidden_size))
+        config = {**official_draft_config(self.target, self.config["layer_config"], self.config["layers"]),
+                  "bias": True, "mlp_num": self.config["mlp_heads"]}
+        heads = self.config["mlp_heads"]
+        runner = (f"config.json: the official loader reads a repository file chosen by --model_name instead "
+                  f"(gumiho/model/gumiho_model.py:122-137) and the head count from --mlp_num (default 5): pass this "
+                  f"file to GumihoModel and --mlp_num {heads}")
+        return OfficialFiles(weights, "pytorch_model.bin", config, self.official_departures() + [runner])
 
 
 def _trunk(nodes: list[Node]) -> dict[int, int]:

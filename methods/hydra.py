@@ -22,7 +22,9 @@ from harness.core.draft_layers import DecoderStack
 from harness.core.packed_linear import apply_linear
 from harness.core.tree_build import Level, RankChildren
 from methods.common.heads import HEAD_DEFAULTS, HeadDrafter
+from methods.common.official_layout import KeyMap, OfficialFiles, exported, target_field, vocab_departure
 from methods.common.blocks import ResBlock
+from methods.common.config_types import number
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
@@ -68,6 +70,7 @@ class Hydra(HeadDrafter):
     order = 40
     checkpoint_layout = "zankner/Hydra: hydra_lm_head.pt / .safetensors (+ config.json hydra_num_heads)"
     defaults: dict[str, Any] = {"heads": 4, "layers": 4, **HEAD_DEFAULTS, "dropout": 0.2}
+    config_types = {"dropout": number(0, 1)}
     default_lr = 5e-4
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -134,27 +137,24 @@ class Hydra(HeadDrafter):
         return rank_children
 
     # ---- official checkpoints ------------------------------------------------------------
+    # `hydra_lm_head.pt` (prefix-mlp, grounded) is the state dict of the official head module
+    # (hydra/model/hydra_heads/prefix_mlp_head.py:53-100): `prefix_embeding_layer.*` <-> `prefix.*`,
+    # `hydra_mlp.{i}.{j}` <-> `hydra_head.{i}.body.{j}` (the same Sequential indices, Dropouts
+    # included), `hydra_lm_head.{i}.1.*` <-> `hydra_head.{i}.proj.*`. The prefix layer's unused
+    # embedding, its stored `inv_freq` and the module's copy of the base embedding
+    # (`input_embed_fn`) are skipped when read and written from the target.
+    official_keys = KeyMap(pairs=(("prefix_embeding_layer.", "prefix."), ("hydra_mlp.{i}.", "hydra_head.{i}.body."),
+                                  ("hydra_lm_head.{i}.1.", "hydra_head.{i}.proj.")),
+                           official_only=("prefix_embeding_layer.embed_tokens.", "rotary_emb.inv_freq", "input_embed_fn."),
+                           ours_only=("draft_ids",))
+
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Hydra":
-        """`hydra_lm_head.pt` (prefix-mlp, grounded): `prefix_embeding_layer.*` -> `prefix.*`,
-        `hydra_mlp.{i}.{j}` -> `hydra_head.{i}.body.{j}` (same Sequential indices, Dropouts included;
-        the official shared ResBlock tensor lands in each of our distinct blocks),
-        `hydra_lm_head.{i}.1.*` -> `hydra_head.{i}.proj.*`. The unused prefix embedding, the copy of
-        the base embedding (`input_embed_fn`) and the stored `inv_freq` are dropped."""
+        """`hydra_lm_head.pt` through `official_keys`; the official shared ResBlock tensor lands in
+        each of our distinct blocks."""
         from methods.common.checkpoint_io import read_state
 
-        mapped = {}
-        for k, v in read_state(folder, cls.name).items():
-            if k.startswith("prefix_embeding_layer."):
-                if "embed_tokens" in k or "inv_freq" in k:
-                    continue
-                mapped["prefix." + k[len("prefix_embeding_layer."):]] = v
-            elif k.startswith("hydra_mlp."):
-                i, rest = k[len("hydra_mlp."):].split(".", 1)
-                mapped[f"hydra_head.{i}.body.{rest}"] = v.clone()
-            elif k.startswith("hydra_lm_head."):
-                i, rest = k[len("hydra_lm_head."):].split(".", 1)
-                mapped[f"hydra_head.{i}.proj.{rest.split('.', 1)[1]}"] = v
+        mapped = cls.official_keys.to_ours(read_state(folder, cls.name))
         heads = 1 + max(int(k.split(".")[1]) for k in mapped if k.startswith("hydra_head."))
         layers = (1 + max(int(k.split(".")[3]) for k in mapped if ".body." in k)) // 2
         share = not any(".proj." in k for k in mapped)
@@ -162,6 +162,46 @@ class Hydra(HeadDrafter):
                                **overrides})
         drafter.load_weights(folder, state=mapped)
         return drafter
+
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """zankner/Hydra's layout (Spec-Bench's Hydra reads it too): hydra_lm_head.pt with every key
+        of the official module, loaded non-strictly (hydra_model.py:186), and the config.json of
+        HydraConfig (hydra_model.py:25-41) for the prefix-mlp, grounded heads."""
+        heads, layers = self.config["heads"], self.config["layers"]
+        weights = {k: exported(v) for k, v in self.official_keys.to_official(self.state_dict()).items()}
+        embedding = exported(self.target.embed_tokens.weight)
+        attn = self.prefix.layers[0].self_attn
+        theta = float(target_field(self.target.config, "rope_theta") or 10000.0)
+        weights["prefix_embeding_layer.embed_tokens.weight"] = embedding  # never read: the prefix gets inputs_embeds
+        weights["prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq"] = \
+            1.0 / theta ** (torch.arange(0, attn.head_dim, 2).float() / attn.head_dim)  # a persistent buffer there
+        weights["input_embed_fn.weight"] = embedding  # the base model's own embedding, registered in the module
+        departures = []
+        if self.config["share_lm_head"]:
+            head, zero = exported(self.target.lm_head.weight), torch.zeros(self.target.vocab_size)
+            for i in range(heads):
+                weights.update({f"hydra_lm_head.{i}.1.weight": head, f"hydra_lm_head.{i}.1.bias": zero})
+            departures.append("vocab projection: ours reads the target's frozen LM head, each official head owns a "
+                              "trained one with a bias (hydra/model/hydra_heads/prefix_mlp_head.py:93-95); written "
+                              "as copies of the target's head with zero bias, which decode as ours")
+        departures += vocab_departure(self, "hydra/model/hydra_heads/prefix_mlp_head.py:94")
+        shared = list(range(3, 2 * layers, 2))  # body indices of the blocks after ResBlock_in
+        if len(shared) > 1:  # the official Sequential repeats one block object: one set of weights per head
+            for i in range(heads):
+                for part in ("weight", "bias"):
+                    first = weights[f"hydra_mlp.{i}.{shared[0]}.linear.{part}"]
+                    weights.update({f"hydra_mlp.{i}.{j}.linear.{part}": first for j in shared})
+            departures.append(f"ResBlocks: ours {len(shared)} distinct after each head's first, the official head "
+                              "repeats one (hydra/model/hydra_heads/prefix_mlp_head.py:83); written as the first of "
+                              f"them (body index {shared[0]}) in every place")
+        if theta != 10000.0:
+            departures.append(f"RoPE base: ours {theta:,.0f}; the official prefix layer, like its base model, takes "
+                              "10,000 whatever rope_theta says (hydra/model/modeling_llama_kv.py:497-499; its cos/sin "
+                              "cache is built at init, L161-165, so the inv_freq written here is not read)")
+        config = {"hydra_num_heads": heads, "hydra_num_layers": layers, "hydra_head_arch": "prefix-mlp",
+                  "grounded_heads": True, "hidden_state_offset": 0,
+                  "base_model_name_or_path": base_model or self.target.name}
+        return OfficialFiles(weights, "hydra_lm_head.pt", config, departures)
 
     # ---- training and tree calibration ---------------------------------------------------
     def teacher_forced_heads(self, batch) -> Iterator[tuple[int, int, torch.Tensor]]:

@@ -19,6 +19,7 @@ from torch import nn
 from harness.core.tree_build import Level, RankChildren
 from methods.common.blocks import ResBlock
 from methods.common.heads import HEAD_DEFAULTS, HeadDrafter
+from methods.common.official_layout import KeyMap, OfficialFiles, exported, vocab_departure
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
@@ -34,7 +35,7 @@ class Medusa(HeadDrafter):
     year = 2024
     color = "#009E73"
     order = 30
-    checkpoint_layout = "FasterDecoding/Medusa: medusa_lm_head.safetensors (+ config.json medusa_num_heads)"
+    checkpoint_layout = "FasterDecoding/Medusa: medusa_lm_head.pt (+ config.json medusa_num_heads)"
     defaults: dict[str, Any] = {"heads": 5, "layers": 1, **HEAD_DEFAULTS}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -84,13 +85,18 @@ class Medusa(HeadDrafter):
         return rank_children
 
     # ---- official checkpoints ------------------------------------------------------------
+    # `medusa_lm_head.pt` is the state dict of the official head ModuleList: ours without the
+    # `medusa_head.` prefix (`{i}.{j}.linear.*`, and `{i}.{L}.weight` for the vocab projection).
+    official_keys = KeyMap(pairs=(("{i}.", "medusa_head.{i}."),), ours_only=("draft_ids",))
+    OFFICIAL_HEADS = 5  # what FasterDecoding's loader builds, whatever the config says (medusa_model.py:143)
+
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "Medusa":
-        """`medusa_lm_head.pt`: the state dict of the head ModuleList, keys `{i}.{j}.linear.*` and
-        `{i}.{L}.weight` (the per-head vocab projection): ours with a `medusa_head.` prefix."""
+        """`medusa_lm_head.pt` through `official_keys`; the per-head vocab projection, when present,
+        makes share_lm_head false."""
         from methods.common.checkpoint_io import read_state
 
-        state = {f"medusa_head.{k}": v for k, v in read_state(folder, cls.name).items()}
+        state = cls.official_keys.to_ours(read_state(folder, cls.name))
         heads = 1 + max(int(k.split(".")[1]) for k in state)
         layers = max(int(k.split(".")[2]) for k in state)
         arch = {"heads": heads, "layers": layers, "share_lm_head": not any(k.endswith(f".{layers}.weight")
@@ -101,6 +107,36 @@ class Medusa(HeadDrafter):
         drafter = cls(target, {**arch, **overrides})
         drafter.load_weights(folder, state=state)
         return drafter
+
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """FasterDecoding/Medusa's layout (Spec-Bench's Medusa reads it too): medusa_lm_head.pt, each
+        head with its own vocab projection (ours sharing the target's: written as that head, one
+        tensor under every head's key), and a config.json without `model_type`, so the FasterDecoding
+        loader takes its head-file path (medusa_model.py:132-141)."""
+        heads, layers = self.config["heads"], self.config["layers"]
+        weights = {k: exported(v) for k, v in self.official_keys.to_official(self.state_dict()).items()}
+        departures = []
+        if self.config["share_lm_head"]:
+            head = exported(self.target.lm_head.weight)
+            weights.update({f"{i}.{layers}.weight": head for i in range(heads)})
+            departures.append("vocab projection: ours reads the target's frozen LM head, each official head owns a "
+                              "trained one (medusa/model/medusa_model.py:115); written as copies of the target's "
+                              "head, which decode as ours")
+        departures += vocab_departure(self, "medusa/model/medusa_model.py:115")
+        if layers > 1:  # the official head repeats one ResBlock object: one set of weights per head
+            for i in range(heads):
+                for part in ("weight", "bias"):
+                    first = weights[f"{i}.0.linear.{part}"]
+                    weights.update({f"{i}.{j}.linear.{part}": first for j in range(1, layers)})
+            departures.append(f"ResBlocks: ours {layers} distinct per head, the official head repeats one "
+                              "(medusa/model/medusa_model.py:114); written as the first block's weights in every place")
+        if heads != self.OFFICIAL_HEADS:
+            departures.append(f"heads: ours {heads}; FasterDecoding's loader builds {self.OFFICIAL_HEADS} whatever the "
+                              "config says (medusa/model/medusa_model.py:143) and loads non-strictly (L157): a missing "
+                              "head stays random, an extra one is dropped; Spec-Bench's reads medusa_num_heads")
+        config = {"medusa_num_heads": heads, "medusa_num_layers": layers,
+                  "base_model_name_or_path": base_model or self.target.name}
+        return OfficialFiles(weights, "medusa_lm_head.pt", config, departures)
 
     # ---- training and tree calibration ---------------------------------------------------
     def teacher_forced_heads(self, batch) -> Iterator[tuple[int, int, torch.Tensor]]:

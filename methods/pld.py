@@ -1,8 +1,13 @@
-"""Prompt-lookup decoding (PLD): propose the tokens that followed the latest earlier occurrence of
-the context's last n-gram, as a chain. Training-free.
+"""Prompt-lookup decoding (PLD): propose the tokens that followed an earlier occurrence of the
+context's last n-gram, as a chain. Training-free.
 
-What makes ours more than HF's `prompt_lookup_num_tokens`: the chain length is chosen each step
-to maximise expected new tokens per unit of verify cost, from
+`match` picks the occurrence: "first" is Saxena's prompt lookup (and Spec-Bench's): the earliest
+occurrence whose continuation holds `max_draft` tokens, longest n-gram first; "latest" (ours) the
+most recent occurrence, its continuation however short.
+
+The default is Saxena's algorithm. Our variant (`--set pld.adaptive=true --set pld.match=latest`,
+labelled in tables) adds a chain length chosen each step to maximise expected new tokens per unit
+of verify cost, from
   * the measured cost curve of a k-token forward relative to a 1-token step (`cost_curve`;
     defaults are the `cli.py bench` figures of SmolLM2 on this class of CPU, per dtype), and
   * a running estimate of the per-token acceptance rate for matches of each n-gram length,
@@ -15,8 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.cost_model import interpolate
+from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree
 from methods.common.base import Drafter
+from methods.common.config_types import Takes, integer, number
 
 # Relative cost of one cached forward of k tokens vs 1 token (SmolLM2-135M, 2 Sapphire Rapids cores;
 # shared/docs/models.md and `cli.py bench`). Override with --set cost_curve='[[1,1.0],[2,1.1],...]'.
@@ -41,7 +48,7 @@ def best_chain_length(accept_rate: float, curve: list[list[float]], k_max: int) 
 
 
 class PromptLookupDrafter(Drafter):
-    """Prompt lookup: a chain copied from the context after the last n-gram's earlier occurrence, cost-aware length."""
+    """Prompt lookup: a chain copied from the context after the last n-gram's earlier occurrence."""
 
     name = "pld"
     display_name = "Prompt lookup"
@@ -53,20 +60,31 @@ class PromptLookupDrafter(Drafter):
         "max_ngram": 3,        # longest suffix n-gram looked up (HF's max_matching_ngram_size is 2)
         "min_ngram": 1,
         "max_draft": 10,       # never propose more (HF's prompt_lookup_num_tokens default is 10)
-        "adaptive": True,      # False: always propose max_draft tokens, as HF does
+        "adaptive": False,     # True (ours): a cost-aware chain length; False: max_draft tokens, as Saxena's
+        "match": "first",      # "first": Saxena's earliest full-length match; "latest" (ours): the most recent
         "cost_curve": "auto",  # "auto" = COST_CURVES[target dtype], or [[k, cost], ...]
         "prior": [0.35, 0.5, 0.65],  # initial acceptance rate for 1-, 2-, 3-gram matches
         "prior_weight": 2.0,   # pseudo-observations behind the prior
         "decay": 0.9,          # forgetting of old evidence per use (tracks the current answer)
     }
+    config_types = {"max_ngram": integer(1), "min_ngram": integer(1), "max_draft": integer(1),
+                    "cost_curve": Takes(("list",), ("auto",)), "prior_weight": number(0), "decay": number(0, 1)}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
+        if self.config["match"] not in ("first", "latest"):
+            raise SpecbenchError(f"pld match must be 'first' or 'latest', got {self.config['match']!r}")
         curve = self.config["cost_curve"]
         if curve == "auto":
             curve = COST_CURVES.get(str(target.dtype).replace("torch.", ""), COST_CURVES["float32"])
         self.curve = curve
         self._reset()
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        # A whole config without `match` was recorded before the key existed, when every match was the latest.
+        latest = config.get("match", "latest" if "adaptive" in config else "first") != "first"
+        return (["adaptive"] if config.get("adaptive") else []) + (["latest match"] if latest else [])
 
     def _reset(self) -> None:
         n = self.config["max_ngram"]
@@ -74,7 +92,8 @@ class PromptLookupDrafter(Drafter):
         w = self.config["prior_weight"]
         self.hits = {g: prior[g - 1] * w for g in range(1, n + 1)}
         self.trials = {g: w for g in range(1, n + 1)}
-        self.index: dict[int, dict[tuple[int, ...], int]] = {g: {} for g in range(1, n + 1)}
+        # n-gram -> where its continuations start, in order (the context's positions)
+        self.index: dict[int, dict[tuple[int, ...], list[int]]] = {g: {} for g in range(1, n + 1)}
         self.indexed_upto = 0
         self.last: tuple[int, int] | None = None  # (n-gram length, drafts proposed) of the pending step
 
@@ -87,7 +106,7 @@ class PromptLookupDrafter(Drafter):
         for j in range(max(self.indexed_upto, 1), end + 1):
             for g in self.index:
                 if j - g >= 0:
-                    self.index[g][tuple(tokens[j - g : j])] = j  # latest occurrence wins
+                    self.index[g].setdefault(tuple(tokens[j - g : j]), []).append(j)
         self.indexed_upto = end + 1
 
     def propose(self, ctx) -> DraftTree:
@@ -97,7 +116,7 @@ class PromptLookupDrafter(Drafter):
         for g in range(self.config["max_ngram"], self.config["min_ngram"] - 1, -1):
             if len(tokens) <= g:
                 continue
-            start = self.index[g].get(tuple(tokens[-g:]))
+            start = self._match(self.index[g].get(tuple(tokens[-g:]), []), len(tokens), g)
             if start is None:
                 continue
             cont = tokens[start : start + self.config["max_draft"]]
@@ -111,6 +130,15 @@ class PromptLookupDrafter(Drafter):
             self.last = (g, k)
             return DraftTree.chain(ctx.root, cont[:k])
         return DraftTree.root_only(ctx.root)
+
+    def _match(self, starts: list[int], n: int, g: int) -> int | None:
+        """Where the proposed continuation starts, among an n-gram's `starts` in a context of `n` tokens."""
+        if self.config["match"] == "latest":
+            return starts[-1] if starts else None
+        # Saxena's rule: the earliest start with a whole `max_draft`-token continuation, never
+        # the suffix itself (its continuation would begin inside the n-gram being matched).
+        full = self.config["max_draft"]
+        return next((j for j in starts if j + full <= n and j < n - g), None)
 
     def observe(self, step) -> None:
         if self.last is None:

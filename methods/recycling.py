@@ -33,6 +33,7 @@ from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import Level, walk_static_tree
 from methods.common.base import Drafter
+from methods.common.config_types import Takes, integer, one_of
 
 if TYPE_CHECKING:
     from harness.core.decode import Acceptance, DraftContext
@@ -83,13 +84,12 @@ class TokenRecycling(Drafter):
         "update": "context",      # "context": the text's rows first (and the prompt's); "tree": every node's, as official
         "keep_across_answers": False,  # True: one matrix for the whole run, as the official runner
     }
+    config_types = {"tree": Takes(("list",), tuple(TEMPLATES)), "topk": integer(1), "update": one_of(*UPDATES)}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
         tree = self.config["tree"]
         self.tree = StaticTree(TEMPLATES[tree]) if isinstance(tree, str) and tree in TEMPLATES else StaticTree.named(tree)
-        if self.config["update"] not in UPDATES:
-            raise SpecbenchError(f"recycling.update={self.config['update']!r}: one of {', '.join(UPDATES)}")
         if self.tree.topk > int(self.config["topk"]):
             raise SpecbenchError(f"recycling: the tree uses rank {self.tree.topk - 1}, but topk={self.config['topk']} "
                                  f"keeps ranks below {self.config['topk']}; raise --set recycling.topk")
@@ -98,6 +98,12 @@ class TokenRecycling(Drafter):
         self.adjacency = torch.zeros(v, self.k, dtype=torch.long)   # [V, k] ranked successors per token
         self.seen = torch.zeros(v, dtype=torch.bool)           # rows written at least once
         self.in_text = torch.zeros(v, dtype=torch.bool)        # tokens of this answer's text ("context" rows)
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """The official code updates every row from every verified node and keeps one matrix for the run."""
+        return (["text-first rows"] if config.get("update", "tree") == "context" else []) + (
+            [] if config.get("keep_across_answers", True) else ["per-answer matrix"])
 
     @classmethod
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 from dataclasses import dataclass
+from typing import Any
 from functools import lru_cache
 from importlib import metadata
 
@@ -163,6 +164,17 @@ def summary_line(cls: type) -> str:
     doc = cls.__doc__ or getattr(sys.modules.get(cls.__module__), "__doc__", None) or ""
     lines = doc.strip().splitlines()
     return lines[0] if lines else ""
+
+
+def method_departures(name: str, config: dict[str, Any]) -> list[str]:
+    """How a record's method config departs from its paper's algorithm (`Drafter.departures`); []
+    for AR, the paper's form, or a method this install does not have."""
+    if name == "ar" or not config:
+        return []
+    try:
+        return list(get_method(name).departures(config))
+    except Exception:  # noqa: BLE001 - unknown or broken method: no label
+        return []
 
 
 def method_info(name: str) -> MethodInfo:

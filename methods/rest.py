@@ -25,6 +25,7 @@ import numpy as np
 from harness.core.tree import DraftTree
 from harness.core.tree_build import Node, build_tree
 from methods.common.base import Drafter
+from methods.common.config_types import integer
 from methods.common.token_index import SEPARATOR, load_datastore
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Rest(Drafter):
         "continuation": 10,      # tokens after each occurrence (the official `long`)
         "max_matches": 5000,     # occurrences read (the official `k`)
     }
+    config_types = {"num_draft": integer(1), "max_span": integer(1), "min_span": integer(1),
+                    "continuation": integer(1), "max_matches": integer(1)}
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)

@@ -39,6 +39,7 @@ from harness.core.errors import SpecbenchError
 from harness.core.packed_linear import weight_format
 from harness.core.tree import DraftTree, tree_from_parent_map
 from methods.common.base import Drafter
+from methods.common.config_types import Takes, integer, number
 from methods.common.method_lookup import method_class
 from methods.common.token_index import TokenIndex, load_datastore
 
@@ -132,6 +133,8 @@ class SamDecoding(Drafter):
         "static_topk": 8,        # without an auxiliary: children per node and nodes per depth of the static tree
         "budget": None,          # draft tokens per verify (--tree-budget): caps the chain, the tree and the auxiliary
     }
+    config_types = {"n_predicts": integer(2), "len_threshold": integer(0), "len_bias": integer(0),
+                    "alpha": number(0), "static_topk": integer(1), "budget": Takes(("int", "null"), ("auto",), 1)}
 
     def __init__(self, target, config: dict[str, Any] | None = None, aux: Drafter | None = None) -> None:
         super().__init__(target, config)
@@ -152,6 +155,16 @@ class SamDecoding(Drafter):
         budget = self.config["budget"]
         overrides = {**(cls.budget_overrides(budget) if budget is not None else {}), **dict(self.config["aux_config"])}
         return cls.create(self.target, overrides)
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """The selection rule and the automata are the paper's; the auxiliary's own departures
+        (e.g. Token Recycling's per-answer matrix) are said, marked "aux"."""
+        name = config.get("aux", "none")
+        if name in (None, "none") or name == cls.name:
+            return []
+        aux = method_class(str(name))
+        return [f"aux {d}" for d in aux.departures(aux.resolve_config(dict(config.get("aux_config") or {})))]
 
     @classmethod
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from harness.core.target import Target
 from harness.core.tree import DraftTree
 from harness.core.verify import processed_probs, sample
 from methods.common.base import Drafter
+from methods.common.config_types import integer, kinds, number, one_of
 
 
 class SpeculativeSampling(Drafter):
@@ -43,6 +44,8 @@ class SpeculativeSampling(Drafter):
         "confidence": 0.4,         # end the chain after a draft the draft model gives less than this
                                    # probability (HF's assistant_confidence_threshold default); 0 = off
     }
+    config_types = {"draft": kinds("str", "null"), "gamma": integer(1), "schedule": one_of("constant", "heuristic"),
+                    "max_gamma": integer(1), "confidence": number(0, 1)}
 
     def __init__(self, target, config: dict[str, Any] | None = None, draft: Target | None = None) -> None:
         super().__init__(target, config)

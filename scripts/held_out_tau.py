@@ -25,7 +25,7 @@ from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.machine_meta import collect_meta  # noqa: E402
 from harness.core.paths import REPO_ROOT  # noqa: E402
 from harness.core.target import Target  # noqa: E402
-from harness.train.data import HOLDOUT_SHARE, is_held_out  # noqa: E402
+from harness.train.data import HOLDOUT_SHARE, is_held_out, prompt_key  # noqa: E402
 from harness.train.distill import Conversations, load_distilled, read_prompts  # noqa: E402
 from methods.registry import get_method  # noqa: E402
 
@@ -38,8 +38,9 @@ def held_out_prompts(target: Target, distill: Path, prompts_file: Path, n: int) 
     for rec in load_distilled(distill):
         if rec["temperature"] != 0.0:
             continue
-        prompt = target.encode_chat(convs.messages(rec))
-        if is_held_out(0, torch.tensor(prompt + rec["response_ids"]), HOLDOUT_SHARE):
+        messages = convs.messages(rec)
+        if is_held_out(prompt_key(messages[0]["content"]), HOLDOUT_SHARE):
+            prompt = target.encode_chat(messages)
             out.append((rec["prompt_id"], prompt))
     out.sort(key=lambda p: hashlib.sha256(p[0].encode()).hexdigest())  # a fixed, shard-order-free sample
     return out[:n]

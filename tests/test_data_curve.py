@@ -21,6 +21,7 @@ def synthetic_shard(n_convs: int = 400, hidden: int = 8, layers: tuple[int, ...]
     shard = {"input_ids": torch.randint(0, 1000, (total,), generator=g, dtype=torch.int32),
              "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
              "prompt_len": torch.full((n_convs,), 3, dtype=torch.long),
+             "prompt_key": torch.randint(-2**62, 2**62, (n_convs,), generator=g),
              "hidden": torch.randn(total, hidden, generator=g).to(torch.bfloat16)}
     for i in layers:
         shard[f"layer_{i}"] = torch.randn(total, hidden, generator=g).to(torch.bfloat16)
@@ -65,7 +66,7 @@ def test_shards_with_more_layers_serve_a_request_for_fewer(tmp_path: Path, monke
     assert covering_dir(FakeTarget(), tmp_path, manifest, None, ["shard-00001"]) is None
     # only the keys asked for are loaded
     loaded = load_feature_shards(wide, layers=[5])[0]
-    assert sorted(loaded) == ["hidden", "input_ids", "layer_5", "offsets", "prompt_len"]
+    assert sorted(loaded) == ["hidden", "input_ids", "layer_5", "offsets", "prompt_key", "prompt_len"]
 
 
 def test_curve_table_and_plot(tmp_path: Path) -> None:

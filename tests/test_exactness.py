@@ -38,7 +38,8 @@ def test_greedy_equals_ar_on_tiny_llama(device_target, method):
         if method == "oracle":
             d = OracleDrafter(tiny_target, {"continuation": ar.output_ids, "prompt_len": len(p), "seed": i})
         else:
-            d = PromptLookupDrafter(tiny_target)
+            # our variant: a short continuation is proposed too, so most steps exercise the commit
+            d = PromptLookupDrafter(tiny_target, {"adaptive": True, "match": "latest"})
         sp = generate(tiny_target, p, cfg, d)
         assert sp.output_ids == ar.output_ids, f"prompt {i}: {method} diverged from AR"
         assert sum(sp.tokens) + 1 == len(sp.output_ids)  # prefill token + step tokens

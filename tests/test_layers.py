@@ -9,6 +9,8 @@ The layers, bottom to top (the design's rules, written once, here):
   methods                 the drafters (one file each) and the registry
   harness.train           distillation, features, trainer, tree fitting
   harness.runs            benchmarks, runner, run folders, statistics, compare, regress, bench
+  harness.peers           the official implementations beside ours (drafter export, base model
+                          views, the peer runner); on the level of harness.runs
   harness.report          tables and plots
   cli, scripts            the command line and the hand-run scripts (may import anything below)
 A module may import its own layer and any layer below it; lazy imports inside functions count.
@@ -28,19 +30,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # (layer, module prefix); a module belongs to the layer with the longest prefix it matches, so
-# methods.common is not counted with the methods above it. cli and scripts share the top rank.
+# methods.common is not counted with the methods above it. cli and scripts share the top rank;
+# harness.peers shares the rank of harness.runs.
 LAYERS = [
     ("core", "harness.core"),
     ("common", "methods.common"),
     ("methods", "methods"),
     ("train", "harness.train"),
     ("runs", "harness.runs"),
+    ("peers", "harness.peers"),
     ("report", "harness.report"),
     ("cli", "cli"),
     ("scripts", "scripts"),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 RANK["scripts"] = RANK["cli"]
+RANK["peers"] = RANK["runs"]
 # Where the code is: top-level files and folders checked (examples/ holds plugin packages).
 SOURCES = ("cli.py", "harness", "methods", "scripts", "examples")
 
@@ -136,6 +141,10 @@ def test_every_import_points_down_and_no_private_name_crosses_a_module():
     ("methods/hydra.py", "from methods.registry import get_method", "method file methods.hydra imports methods.registry"),
     ("harness/runs/bench.py", "from methods.pld import PromptLookupDrafter",
      "harness.runs.bench imports methods.pld: above the methods, reach a method through methods.registry"),
+    ("harness/peers/base_view.py", "from harness.report import tables",
+     "harness.peers.base_view (peers) imports harness.report"),
+    ("harness/peers/export.py", "from methods.medusa import Medusa",
+     "harness.peers.export imports methods.medusa: above the methods, reach a method through methods.registry"),
     ("scripts/profile_drafting.py", "from methods.sps import SpeculativeSampling", "scripts.profile_drafting imports methods.sps"),
     ("scripts/held_out_tau.py", "from harness.train.data import _split", "imports private _split from harness.train.data"),
     ("examples/ngram_drafter/ngram_drafter/drafter.py", "from harness.runs.executor import Runner",

@@ -85,6 +85,9 @@ def test_baseline_pools_steps_over_the_cells_answers(run_dir, tmp_path):
             n = len(accepted)
             rec["steps"] = {"tree_size": [4] * n, "accepted": accepted, "tokens": [a + 1 for a in accepted],
                             "draft_ms": [1.0] * n, "verify_ms": [10.0] * n}
+            # the answer as long as its steps (and the prefill's first token) make it: records must agree
+            rec["new_tokens"] = sum(accepted) + n + 1
+            rec["output_ids"] = [7] * rec["new_tokens"]
     edit_records(run_dir, hand_made)
     assert len(records_of(run_dir, cell)) == 4
     path = tmp_path / "hand.json"

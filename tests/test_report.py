@@ -257,7 +257,7 @@ def test_tables_layout(run_dir):
         text = (run_dir / "tables" / f"{kind}.md").read_text()
         assert "EAGLE (typical, lossy)" in text
     csv = (run_dir / "tables" / "main.csv").read_text().splitlines()
-    assert csv[0] == ("temperature,method,variant,acceptance,lossy,config_hash,benchmark,answers,speedup,"
+    assert csv[0] == ("temperature,method,variant,departures,acceptance,lossy,config_hash,benchmark,answers,speedup,"
                       "speedup_lo,speedup_hi,tau,tau_lo,tau_hi,tokens_per_verify")
     tables.write_tables(compute_stats(load_run(run_dir)), ci=True)
     assert "Brackets: 95% bootstrap interval" in (run_dir / "tables" / "main.md").read_text()
@@ -517,13 +517,13 @@ def test_sweep_parsing_and_one_factor_at_a_time_variants():
     assert parse_values("true,false") == [True, False]
     assert parse_values("off,paper,exact") == ["off", "paper", "exact"]
     assert parse_values("[1,2],[3,4]") == [[1, 2], [3, 4]]
-    fixed, sweep = parse_sweep(["max_draft=2,5,10", "pld.adaptive=false,true", "max_ngram=2"], P)
-    assert fixed == {"max_ngram": 2} and sweep == {"max_draft": [2, 5, 10], "adaptive": [False, True]}
+    fixed, sweep = parse_sweep(["max_draft=2,5,10", "pld.adaptive=true,false", "max_ngram=2"], P)
+    assert fixed == {"max_ngram": 2} and sweep == {"max_draft": [2, 5, 10], "adaptive": [True, False]}
     variants = make_variants(P, fixed, sweep)
     # the base (defaults + fixed), then each other value; values equal to the base are dropped
     assert variants == {"base": {"max_ngram": 2}, "max_draft=2": {"max_ngram": 2, "max_draft": 2},
                         "max_draft=5": {"max_ngram": 2, "max_draft": 5},
-                        "adaptive=false": {"max_ngram": 2, "adaptive": False}}
+                        "adaptive=true": {"max_ngram": 2, "adaptive": True}}
     grid = make_variants(P, {}, {"max_draft": [2, 10], "adaptive": [True, False]}, grid=True)
     assert list(grid) == ["max_draft=2, adaptive=true", "max_draft=2, adaptive=false",
                           "max_draft=10, adaptive=true", "max_draft=10, adaptive=false"]
@@ -548,7 +548,7 @@ def test_sweep_of_defaults_only_is_refused():
     from methods.pld import PromptLookupDrafter
 
     with pytest.raises(SpecbenchError, match="equals the default"):
-        make_variants(PromptLookupDrafter, {}, {"max_draft": [10], "adaptive": [True]})
+        make_variants(PromptLookupDrafter, {}, {"max_draft": [10], "adaptive": [False]})
 
 
 class _Learned:
@@ -676,20 +676,20 @@ def test_ablation_grid_end_to_end_resumes_and_rebuilds(shared_data, tmp_path, ch
     quiet = Console(file=io.StringIO())
     out = tmp_path / "ab"
     def ablate() -> Path:
-        cfg, variants, ablation = ablation_grid("pld", ["max_draft=2,10", "adaptive=false,true"], False, spec())
+        cfg, variants, ablation = ablation_grid("pld", ["max_draft=2,10", "adaptive=true,false"], False, spec())
         return run_grid(cfg, out, shared_data, quiet, chat_tiny_target, command="ablate", variants=variants,
                         ablation=ablation)
 
     run_dir = ablate()
     records = RunDir(run_dir).records()
-    # 2 temperatures x 2 MT-Bench turns x (AR + default + max_draft=2 + adaptive=false)
+    # 2 temperatures x 2 MT-Bench turns x (AR + default + max_draft=2 + adaptive=true)
     assert len(records) == 2 * 2 * 4
     assert all(r["lossy"] is False for r in records)  # the runner says whether the rule is lossy
     assert {r["acceptance"] for r in records if r["method"] != "ar"} == {"greedy", "lossless"}
     assert len({r["config_hash"] for r in records}) == 4
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["config"]["command"] == "ablate" and set(meta["config"]["ablation"]["variants"]) == {
-        "default", "max_draft=2", "adaptive=false"}
+        "default", "max_draft=2", "adaptive=true"}
     # Rerunning resumes: nothing new is answered.
     ablate()
     assert len(RunDir(run_dir).records()) == len(records)

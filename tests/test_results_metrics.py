@@ -257,15 +257,17 @@ def fake_meta(monkeypatch):
     monkeypatch.setattr(results, "collect_meta", lambda: {"commit": "abc", "dirty": False})
 
 
-def test_rundir_open_resume_and_refuse(tmp_path, fake_meta):
+def test_rundir_open_resume_and_refuse(tmp_path, fake_meta, run_records):
     config = {"methods": ["ar", "pld"], "temperature": 0.0}
     run = RunDir(tmp_path / "run")
+    run.open({"methods": ["ar"]})  # no record yet: the next config starts the folder anew
     run.open(config)
     meta = json.loads(run.meta_path.read_text())
     assert meta["config"] == config and meta["config_hash"] == config_hash(config)
     assert meta["commit"] == "abc" and len(meta["runs"]) == 1
     RunDir(tmp_path / "run").open({"temperature": 0.0, "methods": ["ar", "pld"]})  # resume
     assert len(json.loads(run.meta_path.read_text())["runs"]) == 2
+    run.append(run_records[0])  # an answer binds the folder to its config
     with pytest.raises(SpecbenchError, match=r"another config .*temperature: 0\.0 vs 0\.7"):
         RunDir(tmp_path / "run").open({"methods": ["ar", "pld"], "temperature": 0.7})
     assert run.records_path.name == "records.jsonl" and run.summary_path.name == "summary.csv"

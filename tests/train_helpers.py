@@ -15,12 +15,12 @@ def tiny_prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
             for _ in range(n)]
 
 
-def tiny_dataset(target, n: int = 96, new_tokens: int = 48, seed: int = 5) -> FeatureDataset:
+def tiny_dataset(target, n: int = 96, new_tokens: int = 48, seed: int = 5, holdout: float = 0.05) -> FeatureDataset:
     convs = []
     for p in tiny_prompts(target.vocab_size, n, seed):
         out = generate(target, p, GenerationConfig(new_tokens)).output_ids
         convs.append((p + out, len(p)))
-    return FeatureDataset([shard_tensors(target, convs, batch_size=32)], holdout=0.05)
+    return FeatureDataset([shard_tensors(target, convs, batch_size=32)], holdout=holdout)
 
 
 def train_quickly(drafter, data: FeatureDataset, out, steps: int = 150, lr: float = 3e-3, **kw) -> dict:

@@ -261,6 +261,7 @@ class Generation:
     wall_s: float
     stop_reason: str
     tree_size: list[int] = field(default_factory=list)
+    tree_depth: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     draft_ms: list[float] = field(default_factory=list)
@@ -270,7 +271,8 @@ class Generation:
 
     @property
     def steps(self) -> dict[str, list]:
-        return {"tree_size": self.tree_size, "accepted": self.accepted, "tokens": self.tokens,
+        return {"tree_size": self.tree_size, "tree_depth": self.tree_depth, "accepted": self.accepted,
+                "tokens": self.tokens,
                 "draft_ms": [round(x, 3) for x in self.draft_ms],
                 "verify_ms": [round(x, 3) for x in self.verify_ms]}
 
@@ -280,6 +282,7 @@ class Generation:
 
     def add_step(self, step: Step) -> None:
         self.tree_size.append(step.tree.size)
+        self.tree_depth.append(int(step.tree.depths.max()))  # the deepest path the step could accept
         self.accepted.append(step.verdict.accepted)
         self.tokens.append(len(step.kept))
         self.draft_ms.append(step.draft_s * 1e3)

@@ -60,6 +60,18 @@ class TargetOutput:
     layers: dict[int, torch.Tensor] | None = None
 
 
+def hf_folder(spec: str) -> Path:
+    """The Hugging Face folder a target spec loads from: a local folder as it is, an alias's
+    dequantised safetensors copy (made once, as `Target.load` does); a .gguf file or a hub id has none."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    if spec in WHEEL_MODELS:
+        return Target._cached_alias(spec)
+    raise SpecbenchError(f"target '{spec}' has no model folder here: pass an alias ({', '.join(WHEEL_MODELS)}) "
+                         "or a local Hugging Face folder")
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """A dtype name, or `auto`: `harness.core.hardware.auto_dtype` for this machine's CPU flags or GPU."""
     if name != "auto":

@@ -18,6 +18,7 @@ on every device.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +46,8 @@ class Sampling:
 
 def check_rule(rule: str, temperature: float) -> None:
     """One-line errors for impossible rule/temperature combinations."""
-    if temperature < 0:
-        raise SpecbenchError(f"--temperature must be >= 0, got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise SpecbenchError(f"--temperature must be >= 0 and finite, got {temperature}")
     if rule not in RULES:
         from harness.core.errors import unknown
 

@@ -5,11 +5,13 @@ software version (PNG and SVG), so a rebuild gives identical bytes. Drawing is i
 harness/report/plots.py."""
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from pathlib import Path
 from typing import Any
 
+from harness.core.files import write_atomic
 from methods.registry import method_info
 
 # Several variants of one method (ablations): one colour each, in variant order, after the
@@ -42,12 +44,13 @@ def style_rc() -> dict[str, Any]:
 
 
 def save_figure(fig, out: Path, name: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    """`out/name.png` and `.svg`, each rendered whole before it replaces the file (a full disk
+    leaves the previous figure)."""
     paths = []
     for ext, meta in (("png", {"Software": None}), ("svg", {"Date": None, "Creator": None})):
-        path = out / f"{name}.{ext}"
-        fig.savefig(path, format=ext, bbox_inches="tight", pad_inches=0.03, metadata=meta)
-        paths.append(path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, bbox_inches="tight", pad_inches=0.03, metadata=meta)
+        paths.append(write_atomic(out / f"{name}.{ext}", buf.getvalue()))
     return paths
 
 

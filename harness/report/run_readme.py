@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from harness.core.files import write_atomic
 from harness.core.verify import default_rule
 from harness.report.plots import write_plots
 from harness.report.statistics import compute_stats
 from harness.report.tables import write_tables
+from harness.runs.folder_lock import hold
 from harness.runs.settings import TREE_BUDGET
 from harness.runs.run_data import RunData, display_label, fmt_temperature, load_run
 from methods.registry import method_info
@@ -260,14 +262,15 @@ def readme_text(run: RunData) -> str:
 def write_run_readme(run_dir: Path, run: RunData | None = None) -> Path:
     """Write DIR/README.md (`run`: the folder's loaded records, when the caller has them)."""
     run = run or load_run(Path(run_dir))
-    path = Path(run_dir) / README
-    path.write_text(readme_text(run), encoding="utf-8")
-    return path
+    return write_atomic(Path(run_dir) / README, readme_text(run))
 
 
-def write_report(run_dir: Path, ci: bool = False, tables: bool = True, plots: bool = True) -> list[Path]:
+def write_report(run_dir: Path, ci: bool = False, tables: bool = True, plots: bool = True,
+                 skip_invalid: bool = False) -> list[Path]:
     """Write DIR/tables/ (`ci`: intervals in the markdown too) and DIR/plots/, then DIR/README.md
-    linking them; tables' paths first, the main markdown leading."""
-    stats = compute_stats(load_run(run_dir))
-    written = (write_tables(stats, ci) if tables else []) + (write_plots(stats) if plots else [])
-    return [*written, write_run_readme(run_dir, stats.run)]
+    linking them; tables' paths first, the main markdown leading. The folder is held as its one
+    writer meanwhile; `skip_invalid` leaves invalid records out, counted in the captions."""
+    with hold(run_dir, "run folder"):
+        stats = compute_stats(load_run(run_dir, skip_invalid))
+        written = (write_tables(stats, ci) if tables else []) + (write_plots(stats) if plots else [])
+        return [*written, write_run_readme(run_dir, stats.run)]

@@ -182,7 +182,8 @@ def turn_cells(run: RunData, resamples: int = N_BOOTSTRAP) -> ColumnCells | None
 def _row_fields(row: Row) -> dict[str, Any]:
     """The columns that identify a row in every per-row frame."""
     return {"temperature": row.temperature, "method": row.method, "variant": row.name,
-            "acceptance": row.acceptance, "lossy": row.lossy, "config_hash": row.config_hash}
+            "departures": ", ".join(row.departures), "acceptance": row.acceptance, "lossy": row.lossy,
+            "config_hash": row.config_hash}
 
 
 def main_frame(cells: dict[Row, dict[str, Cell]]) -> pd.DataFrame:

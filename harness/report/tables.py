@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
+from harness.core.files import write_atomic
+from harness.report.peers_table import write_peer_tables
 from harness.report.statistics import MEAN_DEFINITION, Cell, ColumnCells, RunStats, main_frame
 from harness.runs.metrics import CI_LEVEL
 from harness.runs.run_data import MEAN, Row, RunData, fmt_temperature, row_label
@@ -50,14 +52,17 @@ def benchmark_title(name: str) -> str:
 
 def frame_label(rec: dict) -> str:
     """`Row.label` of a line of a per-row frame."""
-    return row_label(rec["variant"], rec["acceptance"], rec["lossy"], rec["method"])
+    departures = tuple(d for d in str(rec.get("departures") or "").split(", ") if d)
+    return row_label(rec["variant"], rec["acceptance"], rec["lossy"], rec["method"], departures)
 
 
 def setting_text(run: RunData) -> str:
-    """Where the numbers come from, for every caption: target, dtype, machine."""
+    """Where the numbers come from, for every caption: target, dtype, machine, and how many
+    invalid records were left out (--skip-invalid), if any."""
     target, dtype, machine = run.setting()
     machine = re.sub(r"\((R|TM)\)", "", machine).replace("  ", " ")
-    return f"{target}, {dtype}, {machine}"
+    skipped = f"; {run.skipped} invalid record{'s' if run.skipped != 1 else ''} left out (--skip-invalid)"
+    return f"{target}, {dtype}, {machine}" + (skipped if run.skipped else "")
 
 
 def answers_text(counts: list[int]) -> str:
@@ -286,15 +291,11 @@ def turn_text(frame: pd.DataFrame, kind: str, setting: str = "") -> str:
 # ----------------------------------------------------------------------------- files
 
 def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_atomic(path, text)
 
 
 def _csv(frame: pd.DataFrame, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False, lineterminator="\n")
-    return path
+    return write_atomic(path, frame.to_csv(index=False, lineterminator="\n"))
 
 
 def category_frame(cat: ColumnCells) -> pd.DataFrame:
@@ -329,4 +330,4 @@ def write_tables(stats: RunStats, ci: bool = False) -> list[Path]:
     for name, frame, text in frames:
         paths += [_write(out / f"{name}.md", text(frame, "md", setting)),
                   _write(out / f"{name}.tex", text(frame, "tex", setting)), _csv(frame, out / f"{name}.csv")]
-    return paths
+    return paths + write_peer_tables(run, setting)

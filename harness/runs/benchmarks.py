@@ -1,7 +1,9 @@
 """The six evaluation benchmarks (EAGLE / Spec-Bench prompt files): manifest, loading, download, checks.
 
-The manifest `datasets/benchmarks.json` pins every file to the SafeAILab/EAGLE commit and its SHA-256, so a run
-can record whether it used the official prompts byte for byte.
+The manifest `datasets/benchmarks.json` pins every file to the SafeAILab/EAGLE commit and its SHA-256, and
+`datasets/question_hashes.json` holds the SHA-256 of every question's line in those files: each record
+carries its question line's hash, so whether a run answered the official prompts is decided from its
+records (`official_prompts`), byte for byte, whatever data folder a later command was pointed at.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import json
 import os
 import tempfile
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from harness.core.errors import SpecbenchError, unknown
 from harness.core.paths import REPO_ROOT
 
 MANIFEST_PATH = REPO_ROOT / "datasets" / "benchmarks.json"
+QUESTION_HASHES_PATH = REPO_ROOT / "datasets" / "question_hashes.json"
 DATA_ENV = "SPECBENCH_DATA"
 
 # A copy of the code folders alone (scripts/gpu_check.py on a bare GPU box) has no datasets/: there
@@ -29,12 +33,14 @@ BENCHMARKS: dict[str, dict] = (json.loads(MANIFEST_PATH.read_text(encoding="utf-
 
 @dataclass(frozen=True)
 class Question:
-    """One benchmark prompt: its user turns, in order (2 for MT-Bench, else 1)."""
+    """One benchmark prompt: its user turns, in order (2 for MT-Bench, else 1), and the SHA-256
+    of its line in the file (the bytes between two newlines): what its records say they answered."""
 
     benchmark: str
     question_id: int
     category: str
     turns: tuple[str, ...]
+    sha256: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -136,14 +142,16 @@ def _file_path(benchmark: str, data_dir: Path) -> Path:
 
 
 def _parse(benchmark: str, path: Path) -> list[Question]:
+    data = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecbenchError(f"{path}: not valid UTF-8 ({exc.reason}); re-download with `cli.py fetch-data DIR --force`")
     questions: list[Question] = []
     seen: set[int] = set()
-    # split("\n") rather than a line count: cnn_dm and nq have no final newline; blank lines are skipped.
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    # split(b"\n") rather than a line count: cnn_dm and nq have no final newline; blank lines are skipped.
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        line = raw.decode("utf-8")
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -166,7 +174,9 @@ def _parse(benchmark: str, path: Path) -> list[Question]:
             if not isinstance(turn, str) or not turn.strip():
                 raise SpecbenchError(f"{where}: record {qid} has an empty or non-string turn {i}")
         category = rec.get("category") or ""
-        questions.append(Question(benchmark, qid, str(category), tuple(turns)))
+        questions.append(Question(benchmark, qid, str(category), tuple(turns), _sha256(raw)))
+    if not questions:
+        raise SpecbenchError(f"{path} holds no questions: give a question.jsonl with one JSON object per line")
     return questions
 
 
@@ -243,12 +253,15 @@ def fetch_data(
     *,
     opener: Callable[[str], Any] = urllib.request.urlopen,
     force: bool = False,
+    notify: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Download benchmark files from the manifest URLs into `dest/<dir>/question.jsonl`, checking SHA-256.
 
-    A file already present with the right hash is kept unless `force`. A bad download raises and leaves
-    nothing behind (written to a temp file, renamed only once verified). `opener(url)` must return a
-    context manager with `.read()` (urlopen; it also handles file:// URLs). Returns every requested path.
+    A file already present with the right hash is kept unless `force`; one with another hash is moved
+    aside (`question.jsonl.bad-<its hash>`, said through `notify` and in any error that follows) before
+    the download. A bad download raises and leaves nothing behind (written to a temp file, renamed only
+    once verified). `opener(url)` must return a context manager with `.read()` (urlopen; it also
+    handles file:// URLs). Returns every requested path.
     """
     names = benchmark_names() if benchmarks is None else list(dict.fromkeys(benchmarks))
     for name in names:
@@ -261,19 +274,31 @@ def fetch_data(
         entry = BENCHMARKS[name]
         target = _file_path(name, dest)
         paths.append(target)
-        if not force and target.is_file() and _sha256(target.read_bytes()) == entry["sha256"]:
-            continue
+        moved = ""
+        if target.is_file():
+            local = _sha256(target.read_bytes())
+            if local == entry["sha256"] and not force:
+                continue
+            if local != entry["sha256"]:
+                aside = target.with_name(f"{target.name}.bad-{local[:12]}")
+                os.replace(target, aside)
+                moved = (f"{target} failed its checksum (sha256 {local[:16]}... != expected "
+                         f"{entry['sha256'][:16]}...) and was moved aside to {aside.name}")
+                if notify:
+                    notify(moved)
+                moved = f"; {moved}"
         url = entry["url"]
         try:
             with opener(url) as resp:
                 data = resp.read()
         except OSError as exc:  # URLError / HTTPError are OSErrors
-            raise SpecbenchError(f"could not download {name} from {url} ({exc}); check the network or copy the files by hand")
+            raise SpecbenchError(f"could not download {name} from {url} ({exc}){moved}; check the network or copy "
+                                 "the files by hand")
         got = _sha256(data)
         if got != entry["sha256"]:
             raise SpecbenchError(
                 f"checksum mismatch for {name} from {url}: sha256 {got[:16]}... != expected "
-                f"{entry['sha256'][:16]}...; nothing was written, retry the download"
+                f"{entry['sha256'][:16]}...; nothing was written{moved}; retry the download"
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{entry['file']}.", suffix=".part")
@@ -285,6 +310,45 @@ def fetch_data(
             Path(tmp).unlink(missing_ok=True)
             raise
     return paths
+
+
+def question_file(benchmark: str, data_dir: Path | None, files: dict[str, PromptFile] | None = None) -> Path:
+    """The file `benchmark`'s questions are read from: its prompt file, or its file in `data_dir`."""
+    if files and benchmark in files:
+        return Path(files[benchmark].path).expanduser()
+    return _file_path(benchmark, Path(data_dir or "."))
+
+
+def line_hashes(path: Path) -> dict[int, str]:
+    """{question_id: SHA-256 of its line} of a question file (what `datasets/question_hashes.json`
+    holds for each official file)."""
+    return {q.question_id: q.sha256 for q in _parse(path.parent.name, path)}
+
+
+@lru_cache(maxsize=1)
+def official_line_hashes() -> dict[str, dict[int, str]]:
+    """{benchmark: {question_id: SHA-256 of its line in the official file}} (empty without datasets/)."""
+    if not QUESTION_HASHES_PATH.is_file():
+        return {}
+    data = json.loads(QUESTION_HASHES_PATH.read_text(encoding="utf-8"))
+    return {b: {int(q): h for q, h in lines.items()} for b, lines in data.items()}
+
+
+def official_prompts(answered: Iterable[tuple[str, int, str | None]]) -> dict[str, bool | None]:
+    """Per benchmark of `answered` ((benchmark, question_id, question line's SHA-256) of each
+    record): True when every answer is to the official question line, False when one is not (an
+    edited line, a prompt file), None when that is unknown (records written before they carried
+    the hash, none of them off)."""
+    official = official_line_hashes()
+    out: dict[str, bool | None] = {}
+    for benchmark, question_id, sha in answered:
+        state = out.get(benchmark, True)
+        if sha is not None and official.get(benchmark, {}).get(int(question_id)) != sha:
+            state = False
+        elif sha is None and state is not False:
+            state = None
+        out[benchmark] = state
+    return out
 
 
 def verify_data_dir(data_dir: str | Path | None) -> dict[str, bool]:

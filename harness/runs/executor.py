@@ -1,11 +1,13 @@
 """The executor: one grid's answers into one run folder, by one of two backends.
 
 `run_grid` is the one path of `cli.py run`, `compare` and `ablate`: it checks the config against
-the machine once (data, questions, methods, settings, checkpoint), builds the `Grid`, picks the
-backend, opens the run folder for the grid's config (a new folder, or the same config resumed;
-another config is refused), writes the provenance into meta.json (slots resolved, target runtime,
-data folder), reads the answers already recorded (resume), shows one progress view and is the
-folder's one writer (`Sink`: each key once). Which methods a grid compares when none are given,
+the machine once (data, questions, methods, settings, checkpoint), holds the run folder as its
+one writer (harness/runs/folder_lock.py), refuses to resume answers made from other question
+lines, builds the `Grid`, picks the backend, opens the run folder for the grid's config (a new
+folder, or the same config resumed; another config is refused), writes the provenance into
+meta.json (slots resolved, target runtime, data folder, and from the records whether the prompts
+were the official ones), reads the answers already recorded (resume), shows one progress view and
+is the folder's one writer (`Sink`: each key once). Which methods a grid compares when none are given,
 and an ablation's variants, come from harness/runs/compare.py.
 
 A backend builds the slots and answers what is missing: `LocalBackend` here, in this process on
@@ -36,9 +38,10 @@ from harness.core.errors import SpecbenchError
 from harness.core.machine_meta import OtherCpuUse
 from harness.core.target import Target, check_target_spec
 from harness.core.verify import LOSSY_RULES
-from harness.runs.benchmarks import Question, load_questions, resolve_data_dir, verify_data_dir
+from harness.runs.benchmarks import Question, load_questions, official_prompts, question_file, resolve_data_dir
 from harness.runs.compare import check_arch_variants, discover_methods
 from harness.runs.config import RunConfig
+from harness.runs.folder_lock import hold
 from harness.runs.metrics import attach_divergences, write_summary
 from harness.runs.record import Record, Steps, record_key
 from harness.runs.results import RunDir, default_run_dir
@@ -88,7 +91,10 @@ class Sink:
         self.progress.advance(self.task, answers)
 
     def summarize(self) -> None:
-        write_run_summary(self.run_dir)
+        records = write_run_summary(self.run_dir)
+        # Whether the answers are to the official prompts, from the question lines they carry.
+        self.run_dir.write_extra({"official_prompts": official_prompts(
+            (r.benchmark, r.question_id, r.question_sha256) for r in records)})
 
 
 class Backend(Protocol):
@@ -130,44 +136,90 @@ def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | Non
         backend = RayBackend(ray_address, pack)  # Ray not installed: one line, before anything loads
     elif pack:
         raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
-    request = cfg.to_dict(command)
-    if ablation:
-        request["ablation"] = {k: ablation[k] for k in ("method", "sweep", "fixed", "grid")}
-    out = Path(out) if out else default_run_dir(request)
+    request = run_request(cfg, command, ablation)
+    out = run_folder(cfg, out, command, ablation)
     # Built-in benchmarks are read from the data folder; a run of prompt files alone needs none.
     data_dir = resolve_data_dir(data_dir) if any(b not in cfg.prompt_files for b in cfg.benchmarks) else None
     questions = {b: load_questions(b, data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
     if target is None:
         check_target_spec(cfg.target)
+    # Every method's settings are checked before a model loads; compare without --methods checks
+    # them against every method it may find.
     classes = checked_classes(cfg) if cfg.methods is not None else {}
-    # On Ray the workers load the target; the driver needs one only to find methods or check variants.
-    if target is None and (not ray or cfg.methods is None or variants):
-        target = load_target(cfg, console)
     if cfg.methods is None:
-        found = discover_methods(target, cfg.settings, console)
-        console.print(f"methods: {', '.join(found)}")
-        cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
-        classes = checked_classes(cfg)
-    if variants:
-        check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
-    stored = {**request, "methods": cfg.methods}
+        check_settings(cfg.settings, importable_classes())
+    with hold(out):   # the folder's one writer from here (harness/runs/folder_lock.py)
+        files = {b: question_file(b, data_dir, cfg.files()) for b in questions}
+        check_same_questions(RunDir(out), questions, files)   # before the target loads
+        # On Ray the workers load the target; the driver needs one only to find methods or check variants.
+        if target is None and (not ray or cfg.methods is None or variants):
+            target = load_target(cfg, console)
+        if cfg.methods is None:
+            found = discover_methods(target, cfg.settings, console)
+            console.print(f"methods: {', '.join(found)}")
+            cfg = replace(cfg, methods=found, typical=[m for m in cfg.typical if m in found])
+            classes = checked_classes(cfg)
+        if variants:
+            check_arch_variants(classes[cfg.methods[0]], variants, target, train_steps, console)
+        stored = {**request, "methods": cfg.methods}
+        if ablation:
+            stored["ablation"] = ablation
+        grid = Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target)
+        # The run, whichever backend answers: the slots, the folder and its provenance, resume, progress.
+        resolved, runtime = backend.start(grid)
+        run_dir = grid.run_dir
+        run_dir.open({**grid.stored, "methods_resolved": resolved})
+        # What the timings ran on (harness/core/runtime.py): the same config may run on either.
+        run_dir.write_extra({"target_runtime": runtime})
+        if data_dir is not None:
+            run_dir.write_extra({"data_dir": str(data_dir)})
+        backend.warm_up(grid)
+        existing = {r.key: r for r in run_dir.read_records()}
+        label, total = backend.plan(grid, existing)
+        with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
+            sink = Sink(run_dir, existing, progress, progress.add_task(label, total=total))
+            backend.answer(grid, existing, sink)
+        return run_dir.path
+
+
+def run_request(cfg: RunConfig, command: str = "run", ablation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config a run folder is asked for (meta.json's, before the methods are resolved)."""
+    request = cfg.to_dict(command)
     if ablation:
-        stored["ablation"] = ablation
-    grid = Grid(cfg, questions, classes, variants, RunDir(out), data_dir, stored, console, target)
-    # The run, whichever backend answers: the slots, the folder and its provenance, resume, progress.
-    resolved, runtime = backend.start(grid)
-    run_dir = grid.run_dir
-    run_dir.open({**grid.stored, "methods_resolved": resolved})
-    # What the timings ran on (harness/core/runtime.py): the same config may run on either.
-    run_dir.write_extra({"target_runtime": runtime})
-    if data_dir is not None:
-        run_dir.write_extra({"data_dir": str(data_dir), "official_prompts": verify_data_dir(data_dir)})
-    backend.warm_up(grid)
-    existing = {r.key: r for r in run_dir.read_records()}
-    label, total = backend.plan(grid, existing)
-    with Progress(*PROGRESS_COLUMNS, console=console, transient=False) as progress:
-        backend.answer(grid, existing, Sink(run_dir, existing, progress, progress.add_task(label, total=total)))
-    return run_dir.path
+        request["ablation"] = {k: ablation[k] for k in ("method", "sweep", "fixed", "grid")}
+    return request
+
+
+def run_folder(cfg: RunConfig, out: Path | str | None, command: str = "run",
+               ablation: dict[str, Any] | None = None) -> Path:
+    """The folder `run_grid` writes: `out`, else results/runs/<hash of the request>."""
+    return Path(out) if out else default_run_dir(run_request(cfg, command, ablation))
+
+
+def importable_classes() -> dict[str, type]:
+    """Every method that imports (a broken one is reported where methods are found)."""
+    from methods.registry import get_method, method_names
+
+    out = {}
+    for name in method_names():
+        try:
+            out[name] = get_method(name)
+        except Exception:  # noqa: BLE001 - discover_methods names the method that cannot import
+            continue
+    return out
+
+
+def check_same_questions(run_dir: RunDir, questions: dict[str, list[Question]], files: dict[str, Path]) -> None:
+    """Refuse to resume a folder whose answers were made from other question lines than the
+    ones read now (an edited copy of a benchmark, another --data-dir): its tables would mix them."""
+    now = {(q.benchmark, q.question_id): q.sha256 for qs in questions.values() for q in qs}
+    for rec in run_dir.read_records():
+        line = now.get((rec.benchmark, rec.question_id))
+        if rec.question_sha256 and line and line != rec.question_sha256:
+            raise SpecbenchError(
+                f"{files[rec.benchmark]}: question {rec.question_id} is not the line the answers in {run_dir.path} were "
+                f"made from (sha256 {line[:12]}... now, {rec.question_sha256[:12]}... recorded); point --data-dir at "
+                "the files the run began with, or use another --out")
 
 
 def checked_classes(cfg: RunConfig) -> dict[str, type]:
@@ -306,7 +358,7 @@ class Runner:
             temperature=float(self.cfg.temperature), top_p=float(self.cfg.top_p),
             acceptance="none" if slot.drafter is None else self.cfg.acceptance, seed=seed,
             lossy=slot.drafter is not None and self.cfg.acceptance in LOSSY_RULES,
-            prompt_sha256=self._prompt_file_fields(q.benchmark).get("prompt_sha256"),
+            prompt_sha256=self._prompt_file_fields(q.benchmark).get("prompt_sha256"), question_sha256=q.sha256 or None,
             prompt_tokens=len(prompt_ids), new_tokens=len(g.output_ids), output_ids=g.output_ids,
             stop_reason=g.stop_reason, wall_s=round(g.wall_s, 6), prefill_s=round(g.prefill_s, 6),
             first_token_from_prefill=True, steps=Steps.from_dict(g.steps),
@@ -341,14 +393,17 @@ class Runner:
                 runtime.warm_up_seen()
 
 
-def write_run_summary(run_dir: RunDir) -> pd.DataFrame:
-    """Rewrite summary.csv from every record of the run folder; return it."""
-    return write_summary(attach_divergences(run_dir.read_records()), run_dir.summary_path)
+def write_run_summary(run_dir: RunDir) -> list[Record]:
+    """Rewrite summary.csv from every record of the run folder; return the records."""
+    records = run_dir.read_records()
+    write_summary(attach_divergences(records), run_dir.summary_path)
+    return records
 
 
 def summarize_dir(path: Path) -> pd.DataFrame:
-    """Rebuild summary.csv of a run directory from its records alone (`cli.py summary`)."""
+    """Rebuild summary.csv of a run directory from its records alone (`cli.py summary`); return it."""
     rd = RunDir(path)
     if not rd.records_path.exists():
         raise SpecbenchError(f"{path} has no records.jsonl: not a run directory")
-    return write_run_summary(rd)
+    with hold(path, "run folder"):
+        return write_summary(attach_divergences(rd.read_records()), rd.summary_path)

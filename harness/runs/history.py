@@ -20,7 +20,9 @@ from typing import Any
 import pandas as pd
 
 from harness.core.errors import SpecbenchError
+from harness.core.files import write_atomic
 from harness.core.paths import REPO_ROOT
+from harness.runs.folder_lock import hold
 from harness.runs.record import is_lossy
 from harness.runs.regress import DEFAULT_TOLERANCE, EPS, machine, provenance, run_cells
 from harness.runs.results import refuse_dirty
@@ -52,21 +54,26 @@ def history_lines(run: RunData, commit: str | None, dirty: bool | None, date: st
 
 
 def append_lines(file: Path, lines: list[dict[str, Any]]) -> None:
-    """Append JSON lines in one write, so a killed process leaves whole lines (or none) of a batch."""
+    """Add JSON lines at the end of the history file: the file is rewritten whole through a
+    temporary file, so a kill or a full disk leaves it as it was or with every line of the batch."""
     file = Path(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    with file.open("a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+    old = file.read_bytes() if file.exists() else b""
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    new = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+    write_atomic(file, old + new.encode("utf-8"))
 
 
 def record_history(run_dir: Path, file: Path = HISTORY_FILE, allow_dirty: bool = False) -> int:
-    """Append one line per cell of the run to the history file; returns the number of lines."""
+    """Append one line per cell of the run to the history file (its folder held meanwhile);
+    returns the number of lines."""
     run = load_run(run_dir)
     refuse_dirty(run.meta, "--record", allow_dirty)
     meta = run.meta
     lines = history_lines(run, meta.get("commit"), meta.get("dirty"),
                           meta.get("date") or datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    append_lines(file, lines)
+    with hold(Path(file).parent, "--history folder"):
+        append_lines(file, lines)
     return len(lines)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.core.files import write_atomic
 from harness.runs.record import AR_METHOD, Record
 
 N_BOOTSTRAP = 2000
@@ -287,7 +288,7 @@ def summarize(records: list[Record]) -> pd.DataFrame:
 def write_summary(records: list[Record], path: Path) -> pd.DataFrame:
     """Write `summarize(records)` to CSV at `path` and return the rounded frame as written."""
     df = summarize(records).round(ROUNDING)
-    df.to_csv(path, index=False)
+    write_atomic(path, df.to_csv(index=False))
     return df
 
 
@@ -370,7 +371,7 @@ def attach_divergences(records: list[Record]) -> list[Record]:
 
     def turn_key(r: Record, turn: int) -> tuple:
         # Seeds differ per turn, so earlier turns are found by question and settings, not seed.
-        return (r.benchmark, r.question_id, turn, r.temperature, r.top_p)
+        return (r.benchmark, r.question_id, turn, r.temperature, r.top_p, r.implementation)
 
     ar_turn = {turn_key(r, r.turn): r for r in records if r.is_ar}
     own_turn = {(r.method, r.config_hash, turn_key(r, r.turn)): r for r in records}

@@ -13,12 +13,17 @@ Schema versions (`schema`, the first key of a line since version 2):
      one lossy rule then), `top_p` 1.0, `category` "", `device` "cpu", `prefill_s` 0.0,
      `first_token_from_prefill` False, no steps (AR then counts one step per token), and a
      missing `key` computed from the fields (`record_key`).
-  2  the same fields, plus `schema`.
+  2  the same fields, plus `schema`. Lines written before `question_sha256` (the question's
+     line) and `steps.tree_depth` were kept lack them: their provenance is unknown, and their
+     accepted drafts are checked against the tree's size instead of its depth.
+A record's fields must agree with each other (`record_problem`): every reader of records.jsonl
+refuses a line that does not, so a hand-edited or corrupted line never turns into a wrong τ.
 Keys this code does not know (a newer writer's) are kept in `extra` and written back after the
 known ones, so reading and rewriting a record loses nothing.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -30,8 +35,10 @@ SCHEMA_VERSION = 2
 AR_METHOD = "ar"
 # Fields every record needs: the parts of its key.
 REQUIRED = ("method", "benchmark", "question_id", "turn", "temperature", "acceptance", "seed")
-# Fields written only when set (prompt files, greedy AR, a measured CPU load, the read-time divergence).
-OPTIONAL = ("prompt_sha256", "ar_top1", "ar_gap", "other_cpu_cores", "divergence")
+# Fields written only when set (prompt files, the question's line, greedy AR, a measured CPU load, the
+# read-time divergence, a peer's implementation).
+OPTIONAL = ("prompt_sha256", "question_sha256", "ar_top1", "ar_gap", "other_cpu_cores", "divergence",
+            "implementation")
 
 
 def is_lossy(fields_: Mapping[str, Any]) -> bool:
@@ -48,6 +55,7 @@ class Steps:
     (AR answers of early runs logged no steps)."""
 
     tree_size: list[int] | None = None    # draft tokens verified (tree nodes under the root)
+    tree_depth: list[int] | None = None   # the tree's depth: the most drafts the step could accept
     accepted: list[int] | None = None     # drafts accepted
     tokens: list[int] | None = None       # new tokens: accepted drafts + the target's bonus token, trimmed
     draft_ms: list[float] | None = None
@@ -87,6 +95,7 @@ class Record:
     seed: int                            # the answer's own seed (executor.answer_seed)
     lossy: bool = False
     prompt_sha256: str | None = None     # a user's prompt file: its SHA-256 (part of the key)
+    question_sha256: str | None = None   # the question's line in its file: what was answered (None: not recorded)
     prompt_tokens: int | None = None
     new_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -100,6 +109,7 @@ class Record:
     key: str = ""                        # record_key; "" until computed
     other_cpu_cores: float | None = None  # cores other processes used meanwhile
     divergence: dict[str, Any] | None = None  # first divergence from AR (metrics.attach_divergences), read time only
+    implementation: str | None = None    # an official implementation that answered (a peer, harness/peers); None: ours
     extra: dict[str, Any] = field(default_factory=dict)   # keys this code does not know, kept
 
     def __post_init__(self) -> None:
@@ -111,10 +121,12 @@ class Record:
         return self.method == AR_METHOD
 
     @property
-    def prompt(self) -> tuple[str, int, int, float, float, int]:
-        """Identity of the prompt answered: (benchmark, question_id, turn, temperature, top_p, seed).
-        A method's answer is paired with AR's answer to the same prompt, whatever the rules."""
-        return (self.benchmark, self.question_id, self.turn, self.temperature, self.top_p, self.seed)
+    def prompt(self) -> tuple[str, int, int, float, float, int] | tuple[str, int, int, float, float, int, str]:
+        """Identity of the prompt answered: (benchmark, question_id, turn, temperature, top_p, seed),
+        and the implementation for a peer's answer. A method's answer is paired with AR's answer to
+        the same prompt, whatever the rules; a peer's with its own AR's."""
+        base = (self.benchmark, self.question_id, self.turn, self.temperature, self.top_p, self.seed)
+        return base if self.implementation is None else (*base, self.implementation)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Record:
@@ -125,11 +137,14 @@ class Record:
             raise SpecbenchError(f"a record lacks {', '.join(missing)}: not a records.jsonl line ({_brief(data)})")
         rest = dict(data)
         known = {f.name: rest.pop(f.name) for f in fields(cls) if f.name != "extra" and f.name in rest}
-        known.update(schema=int(data.get("schema", 1)), lossy=is_lossy(data), question_id=int(data["question_id"]),
-                     turn=int(data["turn"]), temperature=float(data["temperature"]),
-                     top_p=float(data.get("top_p", 1.0)), seed=int(data["seed"]), key=data.get("key") or "",
-                     steps=Steps.from_dict(data.get("steps")))
-        return cls(**known, extra=rest)
+        try:
+            known.update(schema=int(data.get("schema", 1)), lossy=is_lossy(data), question_id=int(data["question_id"]),
+                         turn=int(data["turn"]), temperature=float(data["temperature"]),
+                         top_p=float(data.get("top_p", 1.0)), seed=int(data["seed"]), key=data.get("key") or "",
+                         steps=Steps.from_dict(data.get("steps")))
+            return cls(**known, extra=rest)
+        except (TypeError, ValueError, AttributeError) as e:  # e.g. "question_id": "abc", "steps": [1]
+            raise SpecbenchError(f"a record has a malformed field ({e}): {_brief(data)}") from None
 
     def to_json_dict(self) -> dict[str, Any]:
         """The line as the runner writes it: every field in order, the optional ones only when set,
@@ -141,6 +156,60 @@ class Record:
                 continue
             out[f.name] = value.to_json_dict() if isinstance(value, Steps) else value
         return {**out, **self.extra}
+
+
+STEP_LISTS = ("tree_size", "tree_depth", "accepted", "tokens", "draft_ms", "verify_ms")
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def record_problem(rec: Record) -> str | None:
+    """The first way `rec`'s fields disagree with each other, or None when they agree: the
+    output is `new_tokens` long; the step lists are equally long, counts and finite numbers;
+    the steps' tokens add up to `new_tokens` (less the prefill's first token); no step accepts
+    more drafts than its tree is deep (its size, in lines without the depth); and every step
+    keeps its accepted drafts plus the target's bonus token, the last one possibly cut by EOS or
+    the token limit, so τ from the tokens is τ from the accepted drafts."""
+    if not (_is_number(rec.temperature) and rec.temperature >= 0):
+        return f"temperature {rec.temperature!r} is not a finite number >= 0"
+    if not _is_count(rec.new_tokens):
+        return f"new_tokens {rec.new_tokens!r} is not a count"
+    if not isinstance(rec.output_ids, list) or len(rec.output_ids) != rec.new_tokens:
+        have = len(rec.output_ids) if isinstance(rec.output_ids, list) else "no list of"
+        return f"new_tokens {rec.new_tokens} but {have} output_ids"
+    for name in ("wall_s", "prefill_s"):
+        if not (_is_number(getattr(rec, name)) and getattr(rec, name) >= 0):
+            return f"{name} {getattr(rec, name)!r} is not a finite number >= 0"
+    lists = {n: getattr(rec.steps, n) for n in STEP_LISTS if getattr(rec.steps, n) is not None}
+    for name, values in lists.items():
+        ok = _is_number if name.endswith("_ms") else _is_count
+        if not isinstance(values, list) or not all(ok(v) for v in values):
+            return f"steps.{name} is not a list of {'finite numbers' if name.endswith('_ms') else 'counts'}"
+    if len({len(v) for v in lists.values()}) > 1:
+        return "steps lists differ in length (" + ", ".join(f"{n} {len(v)}" for n, v in lists.items()) + ")"
+    tokens, accepted = lists.get("tokens"), lists.get("accepted")
+    if tokens is None:
+        return None
+    first = int(bool(rec.first_token_from_prefill))
+    if sum(tokens) + first != rec.new_tokens:
+        return (f"steps.tokens add up to {sum(tokens)}" + (" (+1 from the prefill)" if first else "")
+                + f" but new_tokens is {rec.new_tokens}")
+    bound_name = "tree_depth" if "tree_depth" in lists else "tree_size"
+    bound = lists.get(bound_name)
+    for i, a in enumerate(accepted or []):
+        if bound is not None and a > bound[i]:
+            return f"step {i + 1} accepted {a} drafts from a tree of {bound_name.replace('_', ' ')} {bound[i]}"
+        last = i == len(tokens) - 1
+        if tokens[i] > a + 1 or (tokens[i] < a + 1 and not last) or tokens[i] < 1:
+            return (f"step {i + 1} kept {tokens[i]} tokens for {a} accepted drafts (a step keeps its accepted "
+                    "drafts and one bonus token)")
+    return None
 
 
 def record_key(rec: Record | Mapping[str, Any]) -> str:

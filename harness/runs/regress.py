@@ -33,6 +33,9 @@ from typing import Any
 from harness.core.errors import SpecbenchError
 from harness.core.hardware import BF16_KERNEL_FLAGS, cpu_kind
 from harness.core.paths import repo_relative
+from harness.core.files import write_atomic
+from harness.runs.benchmarks import official_prompts
+from harness.runs.folder_lock import hold
 from harness.runs.metrics import SPEEDUP, TAU, ar_by_prompt, per_depth_acceptance
 from harness.runs.results import refuse_dirty
 from harness.runs.run_data import RunData, fmt_temperature, load_run
@@ -77,13 +80,15 @@ def provenance(run: RunData) -> dict[str, Any]:
     run_dir = run.path
     meta, config = run.meta, run.meta.get("config", {})
     device = _one({str(r.device).split(":")[0] for r in run.records}, "device", run_dir)
+    # Official or not from the question lines the records answered (None: records without them).
+    official = official_prompts((r.benchmark, r.question_id, r.question_sha256) for r in run.records)
     prompts: dict[str, Any] = {}
     for b in run.benchmarks:
         turns = sorted({(r.question_id, r.turn) for r in run.records if r.benchmark == b})
         first = sorted({(r.question_id, r.prompt_tokens) for r in run.records if r.benchmark == b and r.turn == 0})
         digest = hashlib.sha256(json.dumps([turns, first]).encode()).hexdigest()[:12]
         prompts[b] = {"questions": sorted({q for q, _ in turns}), "answers_per_method": len(turns),
-                      "digest": digest, "official": (meta.get("official_prompts") or {}).get(b)}
+                      "digest": digest, "official": official.get(b)}
     checkpoints: dict[str, Any] = {}
     for r in run.records:
         if not r.is_ar:
@@ -136,7 +141,13 @@ def run_method_names(run: RunData, wanted: list[str]) -> set[str]:
 
 def save_baseline(run_dir: Path, file: Path, allow_dirty: bool = False,
                   methods: list[str] | None = None) -> dict[str, Any]:
-    """Write the baseline of `run_dir` (only `methods`' cells when given) to `file`."""
+    """Write the baseline of `run_dir` (only `methods`' cells when given) to `file`; the run
+    folder is held meanwhile, so a baseline is never taken of a run still being written."""
+    with hold(run_dir, "run folder"):
+        return _save_baseline(run_dir, file, allow_dirty, methods)
+
+
+def _save_baseline(run_dir: Path, file: Path, allow_dirty: bool, methods: list[str] | None) -> dict[str, Any]:
     run = load_run(run_dir)
     refuse_dirty(run.meta, "baseline --save", allow_dirty)
     cells = run_cells(run)
@@ -157,9 +168,7 @@ def save_baseline(run_dir: Path, file: Path, allow_dirty: bool = False,
         "cells": [{k: c[k] for k in ("method", "benchmark", "temperature", "acceptance", "tau", "per_depth",
                                      "answers", "speedup", "config_hash", "checkpoint_hash")} for c in cells],
     }
-    file = Path(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(_dump(baseline))
+    write_atomic(file, _dump(baseline))
     return baseline
 
 
@@ -179,7 +188,50 @@ def load_baseline(file: Path) -> dict[str, Any]:
         raise SpecbenchError(f"baseline {file} is not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("cells"), list):
         raise SpecbenchError(f"{file} is not a specbench baseline (format {FORMAT})")
+    problem = baseline_problem(data)
+    if problem:
+        raise SpecbenchError(f"baseline {file}: {problem}; save it again with `cli.py baseline RUN_DIR --save {file}`")
     return data
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def baseline_problem(data: dict[str, Any]) -> str | None:
+    """The first field of a baseline that is not what `save_baseline` writes, named, or None: a
+    malformed baseline is 'not comparable' (exit 2), never a traceback or a verdict."""
+    prov = data.get("provenance")
+    if not isinstance(prov, dict):
+        return "provenance is not an object"
+    for name in ("target", "dtype", "device", "gpu", "cpu_model"):
+        if prov.get(name) is not None and not isinstance(prov[name], str):
+            return f"provenance.{name} is {prov[name]!r}, not a string"
+    if prov.get("max_new_tokens") is not None and not _number(prov["max_new_tokens"]):
+        return f"provenance.max_new_tokens is {prov['max_new_tokens']!r}, not a number"
+    for name in ("prompts", "checkpoints", "cpu_flags"):
+        if prov.get(name) is not None and not isinstance(prov[name], dict):
+            return f"provenance.{name} is not an object"
+    for b, p in (prov.get("prompts") or {}).items():
+        if not isinstance(p, dict) or not isinstance(p.get("questions"), list):
+            return f"provenance.prompts.{b} has no list of questions"
+    for i, c in enumerate(data["cells"]):
+        where = f"cells[{i}]"
+        if not isinstance(c, dict):
+            return f"{where} is not an object"
+        for name in ("method", "benchmark", "acceptance"):
+            if not isinstance(c.get(name), str):
+                return f"{where}.{name} is {c.get(name)!r}, not a string"
+        if not _number(c.get("temperature")):
+            return f"{where}.temperature is {c.get('temperature')!r}, not a number"
+        if not _number(c.get("tau")) or c["tau"] <= 0:
+            return f"{where}.tau is {c.get('tau')!r}, not a positive number"
+        depths = c.get("per_depth") or []
+        if not isinstance(depths, list) or not all(_number(x) for x in depths):
+            return f"{where}.per_depth is {c.get('per_depth')!r}, not a list of numbers"
+        if c.get("config_hash") is not None and not isinstance(c["config_hash"], str):
+            return f"{where}.config_hash is {c['config_hash']!r}, not a string"
+    return None
 
 
 # ----------------------------------------------------------------------------- regress
@@ -206,8 +258,7 @@ def write_verdict(verdict: Verdict, file: Path, run_dir: Path, baseline_file: Pa
     data = {"run_dir": repo_relative(run_dir), "baseline": repo_relative(baseline_file), "machines": verdict.machines,
             "warnings": verdict.warnings, "tolerance": verdict.tolerance, "depth_tolerance": verdict.depth_tolerance,
             "exit_code": verdict.exit_code, "cells": verdict.rows}
-    Path(file).parent.mkdir(parents=True, exist_ok=True)
-    Path(file).write_text(_dump(data))
+    write_atomic(file, _dump(data))
 
 
 def cell_name(c: dict[str, Any]) -> str:
@@ -257,8 +308,14 @@ def check_provenance(base: dict[str, Any], run: dict[str, Any], methods: set[str
         if old["questions"] != new["questions"]:
             raise _refuse(f"prompts of {b} (question ids)", old["questions"], new["questions"])
         for key in ("answers_per_method", "digest", "official"):
-            if old.get(key) != new.get(key):
-                raise _refuse(f"prompts of {b} ({key})", old.get(key), new.get(key))
+            if old.get(key) == new.get(key):
+                continue
+            if key == "official" and None in (old.get(key), new.get(key)):
+                side = "baseline" if old.get(key) is None else "run"
+                warnings.append(f"prompts of {b}: whether the {side}'s are the official ones is unknown (its records "
+                                "were written before they kept their question's hash): compared anyway")
+                continue
+            raise _refuse(f"prompts of {b} ({key})", old.get(key), new.get(key))
     for m in sorted(methods):
         if m in run["checkpoints"] and base["checkpoints"].get(m) != run["checkpoints"][m]:
             raise _refuse(f"drafter checkpoint hash of {m}", base["checkpoints"].get(m), run["checkpoints"][m])

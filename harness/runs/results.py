@@ -21,7 +21,9 @@ from typing import Any
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import canonical_json, config_hash
 from harness.core.machine_meta import collect_meta, git_state
-from harness.runs.record import Record, record_key  # noqa: F401 - record keys are asked of run folders too
+from harness.core.files import os_reason, write_atomic
+from harness.runs.record import Record, record_problem
+from harness.runs.record import record_key  # noqa: F401 - record keys are asked of run folders too
 
 # ----------------------------------------------------------------------------- provenance
 
@@ -107,11 +109,14 @@ class RunDir:
         New directory: writes meta.json. Existing one with the same config (by hash): appends a
         start timestamp to `runs` and keeps the rest, so the commit and machine recorded are those
         of the first start. Another config: refuses, since mixing records of two configs in one
-        directory would silently merge different experiments.
+        directory would silently merge different experiments; a folder without a record yet
+        (a run refused or stopped before its first answer) is started anew instead.
         """
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         chash = config_hash(config)
         meta = self.read_meta()
+        if meta is not None and config_hash(meta["config"]) != chash and not self.records():
+            meta = None  # no answer is bound to the old config: it locks nothing
         if meta is None:
             if self.records_path.exists() and self.records_path.stat().st_size > 0:
                 raise SpecbenchError(
@@ -132,21 +137,24 @@ class RunDir:
             commit, dirty = git_state()
             if (commit, dirty) != (meta.get("commit"), meta.get("dirty")):
                 meta["resumed_at"] = [*meta.get("resumed_at", []), {"date": now, "commit": commit, "dirty": dirty}]
-        # Write to a temp file and rename, so a crash never leaves a half-written meta.json.
-        tmp = self.meta_path.with_name(f".meta.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        os.replace(tmp, self.meta_path)
+        self._write_meta(meta)
 
     def write_extra(self, extra: dict) -> None:
-        """Merge `extra` facts (data dir, prompt checks...) into meta.json, atomically."""
+        """Merge `extra` facts (data dir, prompt provenance...) into meta.json, atomically."""
         meta = self.read_meta() or {}
         meta.update(extra)
-        tmp = self.meta_path.with_name(f".meta.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        os.replace(tmp, self.meta_path)
+        self._write_meta(meta)
+
+    def _write_meta(self, meta: dict) -> None:
+        # A temp file renamed over it: a crash or a full disk never leaves a half-written meta.json.
+        write_atomic(self.meta_path, json.dumps(meta, indent=2, default=str) + "\n")
 
     def records(self) -> list[dict]:
-        """All complete records, in file order.
+        """All complete records, in file order, as parsed (no field checked)."""
+        return [rec for _, rec in self.lines()]
+
+    def lines(self) -> list[tuple[int, dict]]:
+        """(line number, parsed record) of every complete record, in file order.
 
         A last line without its newline was cut by a crash: it is dropped if it does not parse
         (the next `append` truncates it away) and kept if it is a whole JSON object (the next
@@ -159,7 +167,7 @@ class RunDir:
             return []
         lines = data.split(b"\n")
         last = len(lines) - 1  # index of the text after the final newline ("" when complete)
-        out: list[dict] = []
+        out: list[tuple[int, dict]] = []
         for i, raw in enumerate(lines):
             if not raw.strip():
                 continue
@@ -173,13 +181,34 @@ class RunDir:
                 raise SpecbenchError(
                     f"{self.records_path}:{i + 1}: malformed record ({e}); fix or delete that line"
                 ) from e
-            out.append(rec)
+            out.append((i + 1, rec))
         return out
 
     def read_records(self) -> list[Record]:
-        """All complete records, in file order, as `Record`s: what every statistic reads
-        (`records()` gives the lines as parsed, for checks of the file itself)."""
-        return [Record.from_dict(rec) for rec in self.records()]
+        """All complete records, in file order, as `Record`s, each checked (`record_problem`):
+        what every statistic and a resume read. A record whose fields disagree raises, naming
+        its line (`records()` gives the lines as parsed, for checks of the file itself)."""
+        return self.checked_records()[0]
+
+    def checked_records(self, skip_invalid: bool = False) -> tuple[list[Record], int]:
+        """(the records, how many were skipped): with `skip_invalid` a record whose fields
+        disagree is left out and counted instead of refused."""
+        out: list[Record] = []
+        skipped = 0
+        for line, data in self.lines():
+            try:
+                rec = Record.from_dict(data)
+                problem = record_problem(rec)
+            except SpecbenchError as e:
+                problem = str(e)
+            if problem is None:
+                out.append(rec)
+            elif skip_invalid:
+                skipped += 1
+            else:
+                raise SpecbenchError(f"{self.records_path}:{line}: invalid record: {problem}; fix or delete that "
+                                     "line (`cli.py table DIR --skip-invalid` tabulates without it)")
+        return out, skipped
 
     def done_keys(self) -> set[str]:
         """Keys of the answers already recorded: the runner skips them when resuming."""
@@ -227,18 +256,22 @@ class RunDir:
         if isinstance(rec, Record):
             rec = rec.to_json_dict()
         line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode("utf-8")
-        fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            if not self._tail_checked:
-                self._repair_tail(fd)
-                self._tail_checked = True
-            view = memoryview(line)
-            while view:  # regular files write everything at once; loop for the odd short write
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(self.records_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if not self._tail_checked:
+                    self._repair_tail(fd)
+                    self._tail_checked = True
+                view = memoryview(line)
+                while view:  # regular files write everything at once; loop for the odd short write
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:  # a full disk: the answers before stay; a torn last line is cut on resume
+            raise SpecbenchError(f"could not append to {self.records_path} ({os_reason(e)}); the answers "
+                                 "before it are kept: free space and rerun the same command to resume") from None
 
 
 def default_run_dir(config: dict, root: Path = Path("results/runs")) -> Path:

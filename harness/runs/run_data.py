@@ -16,7 +16,7 @@ from harness.core.hardware import cpu_kind
 from harness.runs.metrics import attach_divergences, dedupe
 from harness.runs.record import AR_METHOD, Record
 from harness.runs.results import RunDir
-from methods.registry import method_info
+from methods.registry import method_departures, method_info
 
 MEAN = "mean"   # the column after the benchmarks: their arithmetic mean
 
@@ -37,10 +37,13 @@ def display_label(name: str, method: str | None = None) -> str:
     return name
 
 
-def row_label(name: str, acceptance: str, lossy: bool, method: str | None = None) -> str:
-    """How a row is named in every table and plot: the display name; lossy rows say so."""
+def row_label(name: str, acceptance: str, lossy: bool, method: str | None = None,
+              departures: tuple[str, ...] = ()) -> str:
+    """How a row is named in every table and plot: the display name, then what the row changes of
+    the paper's algorithm (`Drafter.departures`); lossy rows say so."""
     shown = display_label(name, method)
-    return f"{shown} ({acceptance}, lossy)" if lossy else shown
+    notes = [*departures, *((acceptance, "lossy") if lossy else ())]
+    return f"{shown} ({', '.join(notes)})" if notes else shown
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,11 @@ class Row:
     acceptance: str
     name: str  # method name, or the variant's label in an ablation
     lossy: bool = False
+    departures: tuple[str, ...] = ()  # how its config departs from the paper's algorithm
 
     @property
     def label(self) -> str:
-        return row_label(self.name, self.acceptance, self.lossy, self.method)
+        return row_label(self.name, self.acceptance, self.lossy, self.method, self.departures)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class RunData:
     parameters: dict[str, int]  # config hash -> drafter parameters (meta.json)
     ablation: dict | None = None
     _by_row: dict[Row, list[Record]] = field(default_factory=dict)
+    skipped: int = 0       # invalid records left out (--skip-invalid); the captions count them
 
     @property
     def columns(self) -> list[str]:
@@ -114,16 +119,22 @@ class RunData:
 
 def _row_of(rec: Record, names: dict[str, str]) -> Row:
     chash = rec.config_hash or ""
-    return Row(rec.temperature, rec.method, chash, rec.acceptance, names.get(chash, rec.method), rec.lossy)
+    name = names.get(chash, rec.method)
+    # A labelled variant (an ablation's, a peer's) says what it is itself.
+    departures = tuple(method_departures(rec.method, rec.method_config)) if name == rec.method else ()
+    return Row(rec.temperature, rec.method, chash, rec.acceptance, name, rec.lossy, departures)
 
 
-def load_run(path: Path) -> RunData:
-    """Records (deduplicated by key) and meta of a run folder, with its rows in table order."""
+def load_run(path: Path, skip_invalid: bool = False) -> RunData:
+    """Records (deduplicated by key) and meta of a run folder, with its rows in table order. A
+    record whose fields disagree (harness/runs/record.py:record_problem) is refused, naming its
+    line; with `skip_invalid` it is left out and counted (`RunData.skipped`)."""
     rd = RunDir(Path(path))
     if not rd.records_path.exists():
         raise SpecbenchError(f"{path} has no records.jsonl: not a run directory")
     meta = rd.read_meta() or {}
-    records = attach_divergences(dedupe(rd.read_records()))
+    checked, skipped = rd.checked_records(skip_invalid)
+    records = attach_divergences(dedupe(checked))
     if not records:
         raise SpecbenchError(f"{rd.records_path} holds no records yet")
     config = meta.get("config", {})
@@ -135,6 +146,9 @@ def load_run(path: Path) -> RunData:
         if isinstance(entry, dict) and entry.get("config_hash"):
             names[entry["config_hash"]] = label
             parameters[entry["config_hash"]] = int(entry.get("parameters") or 0)
+    # Official implementations run beside ours (harness/peers): their rows by their own labels.
+    for label, entry in (meta.get("peers") or {}).items():
+        names[entry["config_hash"]] = label
     # The same method name under several unlabelled configs: tell them apart by hash.
     hashes_per_method: dict[str, set[str]] = {}
     for rec in records:
@@ -165,4 +179,4 @@ def load_run(path: Path) -> RunData:
     wanted = [b for b in config.get("benchmarks", []) if b in present]
     benchmarks = wanted + [b for b in present if b not in wanted]
     return RunData(Path(path), records, meta, benchmarks, rows, ar_rows, parameters,
-                   config.get("ablation"), by_row)
+                   config.get("ablation"), by_row, skipped)

@@ -58,7 +58,9 @@ def method_overrides(method_cls: type, settings: dict[str, Any], all_methods: li
 
 
 def check_settings(settings: dict[str, Any], classes: dict[str, type]) -> None:
-    """Every --set key must be used by at least one method of the run."""
+    """Every --set key must be used by at least one method of the run, and each method must take
+    the values it is given (its --set entries and --tree-budget together: `Drafter.resolve_config`
+    checks their types, ranges and fit), so that a bad value fails before any model loads."""
     for key in settings:
         if key == TREE_BUDGET:
             parse_tree_budget(settings[key])
@@ -75,3 +77,5 @@ def check_settings(settings: dict[str, Any], classes: dict[str, type]) -> None:
             if len(classes) == 1:
                 next(iter(classes.values())).resolve_config({key: settings[key]})  # raises with did-you-mean
             raise SpecbenchError(f"--set {key}: no method of this run ({', '.join(classes)}) has that key")
+    for cls in classes.values():
+        cls.resolve_config(method_overrides(cls, settings, list(classes)))

@@ -41,21 +41,38 @@ class Sequence:
     hidden: torch.Tensor    # [n, H] bf16
     prompt_len: int
     layers: torch.Tensor | None = None  # [n, k*H] bf16: the extra layers' inputs, concatenated
+    key: int = 0            # prompt_key: the split is by prompt
 
 
-HOLDOUT_SHARE = 0.03  # of conversations, by a hash of their opening tokens
+HOLDOUT_SHARE = 0.03  # of prompts, by a hash of each conversation's first user turn
 
 
-def opening_hash(ids: torch.Tensor, salt: bytes = b"") -> float:
-    """A uniform number in [0, 1) from a conversation's opening ids [n] (a follow-up conversation
-    opens like its first turn, so both get the same number)."""
-    h = hashlib.sha256(salt + ids[:64].numpy().tobytes()).digest()
+def unit_hash(data: bytes, salt: bytes = b"") -> float:
+    """A uniform number in [0, 1) from `data`: stable across machines, shard orders and runs."""
+    h = hashlib.sha256(salt + data).digest()
     return int.from_bytes(h[:4], "little") / 2**32
 
 
-def is_held_out(seq_index: int, ids: torch.Tensor, share: float) -> bool:
-    """Whether a conversation (its ids [n]) falls in the held-out `share`, by a hash of its opening."""
-    return opening_hash(ids) < share
+def opening_hash(ids: torch.Tensor, salt: bytes = b"") -> float:
+    """A uniform number in [0, 1) from a conversation's opening ids [n] (the train share's key)."""
+    return unit_hash(ids[:64].numpy().tobytes(), salt)
+
+
+def prompt_key(first_turn: str) -> int:
+    """The split key of a conversation: a signed 64-bit hash of its first user turn's text, so a
+    follow-up conversation and every sampled answer to one prompt fall on the same side."""
+    return int.from_bytes(hashlib.sha256(first_turn.encode()).digest()[:8], "little", signed=True)
+
+
+def ids_key(prompt_ids: torch.Tensor) -> int:
+    """`prompt_key` for conversations known only by ids (tests): a hash of the prompt's ids [p]."""
+    return int.from_bytes(hashlib.sha256(prompt_ids.numpy().tobytes()).digest()[:8], "little", signed=True)
+
+
+def is_held_out(key: int, share: float) -> bool:
+    """Whether the conversations of a prompt (its `prompt_key`) fall in the held-out `share`. The
+    split is by prompt: no held-out prompt is ever trained on, whatever its answers' openings."""
+    return unit_hash(key.to_bytes(8, "little", signed=True)) < share
 
 
 def check_train_share(share: float) -> None:
@@ -73,7 +90,7 @@ def in_train_share(ids: torch.Tensor, share: float) -> bool:
 
 class FeatureDataset:
     """Feature shards in memory (1 M tokens x 576 x bf16 is ~1.2 GB per layer), split train/held-out
-    by a hash of each conversation's opening tokens (stable across machines and shard orders)."""
+    by prompt (`prompt_key`: stable across machines and shard orders)."""
 
     def __init__(self, shards: Iterable[dict[str, torch.Tensor]], holdout: float = HOLDOUT_SHARE,
                  layers: list[int] | None = None, train_share: float = 1.0) -> None:
@@ -89,11 +106,13 @@ class FeatureDataset:
             for i in range(len(off) - 1):
                 a, b = off[i], off[i + 1]
                 ids = shard["input_ids"][a:b].long()
-                held_out = is_held_out(i, ids, holdout)
+                plen = int(shard["prompt_len"][i])
+                key = int(shard["prompt_key"][i]) if "prompt_key" in shard else ids_key(ids[:plen])
+                held_out = is_held_out(key, holdout)
                 if not held_out and not in_train_share(ids, train_share):
                     continue
                 extra = torch.cat([shard[f"layer_{j}"][a:b] for j in layers], dim=-1) if layers else None
-                seq = Sequence(ids, shard["hidden"][a:b].clone(), int(shard["prompt_len"][i]), extra)
+                seq = Sequence(ids, shard["hidden"][a:b].clone(), plen, extra, key)
                 (self.valid if held_out else self.train).append(seq)
 
     @property

@@ -4,8 +4,9 @@ For every committed response (datasets/distill/<target>/shard-*.jsonl) the promp
 the prompt file by id and re-templated, the target runs once over prompt + response, and we store
 token ids, the loss mask (assistant tokens only) and the last-layer *normed* hidden states for
 every position (the prompt too: a draft attends over it at inference), plus optional extra
-layers. Shards go under $SPECBENCH_CACHE/features/<target>/<plan hash>-<dtype>/ and are skipped
-when present, so extraction resumes after an interruption.
+layers and each conversation's `prompt_key` (the held-out split is by prompt). Shards go under
+$SPECBENCH_CACHE/features-v2/<target>/<plan hash>-<dtype>/ and are skipped when present, so
+extraction resumes after an interruption, shard by shard, on any machine.
 """
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ from safetensors.torch import save_file
 
 from harness.core.errors import SpecbenchError
 from harness.core.target import cache_root
+from harness.train.data import ids_key, prompt_key
 from harness.train.distill import Conversations, read_prompts, record_ids
+
+# Cached shards of an older layout (no `prompt_key`) live elsewhere and are never read.
+FEATURES_DIR = "features-v2"
 
 
 def feature_dir(target, distill_dir: Path, manifest: dict | None = None, layers: list[int] | None = None) -> Path:
@@ -28,7 +33,7 @@ def feature_dir(target, distill_dir: Path, manifest: dict | None = None, layers:
     manifest = manifest or json.loads((distill_dir / "manifest.json").read_text())
     dt = str(target.dtype).replace("torch.", "")
     extra = "".join(f"-L{i}" if not n else f"-{i}" for n, i in enumerate(layers or []))
-    return cache_root() / "features" / target.name / f"{manifest['plan_hash']}-{dt}{extra}"
+    return cache_root() / FEATURES_DIR / target.name / f"{manifest['plan_hash']}-{dt}{extra}"
 
 
 def covering_dir(target, distill_dir: Path, manifest: dict, layers: list[int] | None,
@@ -48,17 +53,20 @@ def covering_dir(target, distill_dir: Path, manifest: dict, layers: list[int] | 
     return None
 
 
-def _conversations(target, shard: Path, convs: Conversations) -> list[tuple[list[int], int]]:
-    """(token ids, length of everything before the final answer) of each record of a shard."""
-    out = []
+def _conversations(target, shard: Path, convs: Conversations) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """(token ids, length of everything before the final answer) of each record of a shard, and
+    each record's `prompt_key` (its first user turn's text)."""
+    out, keys = [], []
     for line in shard.read_text().splitlines():
         rec = json.loads(line)
         try:
-            prompt = target.encode_chat(convs.messages(rec))
+            messages = convs.messages(rec)
+            prompt = target.encode_chat(messages)
         except SpecbenchError as e:
             raise SpecbenchError(f"{shard}: {e}") from None
         out.append((prompt + record_ids(rec), len(prompt)))
-    return out
+        keys.append(prompt_key(messages[0]["content"]))
+    return out, keys
 
 
 @torch.inference_mode()
@@ -81,7 +89,8 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
     todo = [s for s in files if not (out / (s.stem + ".safetensors")).exists()]
     task = progress.add_task("features", total=len(todo)) if progress else None
     for shard in todo:
-        tensors = shard_tensors(target, _conversations(target, shard, convs), batch_size, layers)
+        conversations, keys = _conversations(target, shard, convs)
+        tensors = shard_tensors(target, conversations, batch_size, layers, keys)
         tmp = out / f".{shard.stem}.tmp"
         save_file(tensors, str(tmp), metadata={"source": shard.name})
         os.replace(tmp, out / (shard.stem + ".safetensors"))
@@ -92,8 +101,9 @@ def extract_features(target, distill_dir: Path, prompts_file: Path, batch_size: 
 
 @torch.inference_mode()
 def shard_tensors(target, convs: list[tuple[list[int], int]], batch_size: int = 16,
-                  layers: list[int] | None = None) -> dict[str, torch.Tensor]:
-    """Features of (token ids, prompt length) conversations as one shard's tensors."""
+                  layers: list[int] | None = None, keys: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """Features of (token ids, prompt length) conversations as one shard's tensors; `keys`: each
+    conversation's `prompt_key` (default: a hash of its prompt ids)."""
     order = sorted(range(len(convs)), key=lambda i: len(convs[i][0]))
     hidden: list[torch.Tensor | None] = [None] * len(convs)
     extra: dict[int, list] = {i: [None] * len(convs) for i in (layers or [])}
@@ -118,6 +128,8 @@ def shard_tensors(target, convs: list[tuple[list[int], int]], batch_size: int = 
         "input_ids": torch.tensor([t for c in convs for t in c[0]], dtype=torch.int32),
         "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
         "prompt_len": torch.tensor([c[1] for c in convs], dtype=torch.long),
+        "prompt_key": torch.tensor(keys if keys is not None else [ids_key(torch.tensor(c[0][: c[1]]))
+                                                                  for c in convs], dtype=torch.long),
         "hidden": torch.cat(hidden),
     }
     for layer, vals in extra.items():
@@ -138,7 +150,7 @@ def iter_feature_shards(folder: Path, shards: int | None = None,
     files = sorted(folder.glob("shard-*.safetensors"))[:shards]
     if not files:
         raise SpecbenchError(f"no feature shards in {folder}: run `cli.py train` (it extracts them) or check --data")
-    keys = ["input_ids", "offsets", "prompt_len", "hidden", *(f"layer_{i}" for i in layers or [])]
+    keys = ["input_ids", "offsets", "prompt_len", "prompt_key", "hidden", *(f"layer_{i}" for i in layers or [])]
     for f in files:
         with safe_open(str(f), framework="pt") as shard:
             yield {k: shard.get_tensor(k) for k in keys}

@@ -20,12 +20,14 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
                  data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS, tokens_per_batch: int = 4096,
                  max_len: int = 1024, autocast: str = "auto", out: Path | None = None,
                  init_from: Path | None = None, console: Console | None = None,
-                 shards: int | None = None, train_share: float = 1.0) -> dict[str, Any]:
+                 shards: int | None = None, train_share: float = 1.0,
+                 commit_every_s: float = 0.0) -> dict[str, Any]:
     """Train `method` with `overrides` for `steps` optimiser steps; returns the training summary
     (resumes from `out` when a run was interrupted). `init_from` warm-starts from a finished
     checkpoint of the same architecture: a new warm-up + cosine cycle with a fresh optimiser, and
     the summary counts the earlier steps so the total budget stays traceable. `train_share` < 1
-    trains on that share of the training conversations (held-out unchanged): the data curve."""
+    trains on that share of the training conversations (held-out unchanged): the data curve.
+    `commit_every_s` > 0 commits `out` to git that often (a training that spans sessions)."""
     from harness.core.paths import REPO_ROOT, repo_relative
     from harness.train.calibrate import calibrate_tree, is_static_tree_drafter
     from harness.train.data import check_train_share
@@ -54,7 +56,8 @@ def train_method(target, method: str, overrides: dict[str, Any], *, steps: int =
                   f"answer tokens for {steps} steps; checkpoints in {out}")
     sources = [{"folder": repo_relative(f), "shards": shards or "all", **({"train_share": train_share} if train_share < 1 else {})}
                for f in distill_folders(target, data)]
-    result = Trainer(drafter, dataset, cfg, out, console, prior=prior, sources=sources).train()
+    result = Trainer(drafter, dataset, cfg, out, console, prior=prior, sources=sources,
+                     commit_every_s=commit_every_s).train()
     if is_static_tree_drafter(drafter):
         # The held-out τ the configured tree gets with these heads, and the best tree of that
         # size (reported; `cli.py calibrate-tree --save` makes it the checkpoint's default).
@@ -114,14 +117,26 @@ def distill_folders(target, data: list[Path] | None) -> list[Path]:
     return [Path(f) for f in data] if data else [REPO_ROOT / "datasets" / "distill" / target.name]
 
 
+def extract_for(target, drafter, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
+                console: Console | None = None, shards: int | None = None) -> list[Path]:
+    """Extract every missing feature shard `drafter` trains on (the inputs of its target layers
+    too), per distill folder; returns the feature folders."""
+    from harness.train.features import extract_features
+
+    with Progress(console=console or Console(stderr=True)) as progress:
+        return [extract_features(target, folder, prompts, progress=progress, shards=shards,
+                                 layers=drafter.target_layers() or None)
+                for folder in distill_folders(target, data)]
+
+
 def load_dataset(target, data: list[Path] | None = None, prompts: Path = DEFAULT_PROMPTS,
                  console: Console | None = None, shards: int | None = None, layers: list[int] | None = None,
                  train_share: float = 1.0):
     """The shared distilled dataset of one or more distill folders (default datasets/distill/<target>;
     the first `shards` shards of each, if given) with its train/held-out split; features are
     extracted first (with the inputs of target `layers` too, for drafters that read them: EAGLE-3).
-    The split hashes a conversation's opening, so a follow-up conversation lands on the same side
-    as its first turn. `train_share`: keep that share of the training conversations."""
+    The split is by prompt (its first user turn), so a follow-up conversation and every answer to
+    one prompt land on the same side. `train_share`: keep that share of the training conversations."""
     from harness.train.data import FeatureDataset
     from harness.train.features import extract_features, iter_feature_shards
 

@@ -17,9 +17,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from harness.core.errors import SpecbenchError
 from harness.core.timing import Clock
 from harness.train.data import FeatureDataset, batches
 from harness.train.memory import HeapTrimmer
+from harness.train.state_commits import StateCommitter
 
 TRIM_GROWTH_GIB = 4.0  # trim the heap when training's resident set grew this much (memory.py says why)
 
@@ -61,6 +63,25 @@ def session_record(step: int) -> dict:
     meta = collect_meta()
     keep = ("commit", "dirty", "date", "cpu_model", "cpu_kind", "gpu", "torch_threads")
     return {"from_step": step, **{k: meta.get(k) for k in keep}, "torch": torch.__version__}
+
+
+def load_state(path: Path) -> dict:
+    """A trainer_state.pt as `Trainer.save` writes it, read with `weights_only=True`: a file that
+    holds anything but tensors, state dicts and plain values is refused, never run. Files written
+    before the sessions' torch version was stored as a plain string name it as a TorchVersion (a
+    str subclass), which is allowed."""
+    from torch.torch_version import TorchVersion
+
+    try:
+        with torch.serialization.safe_globals([TorchVersion]):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - an unpickling refusal, a truncated or foreign file: one line
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecbenchError(f"{path} is not a trainer state this code wrote ({reason[:200]}); delete it to train "
+                             "from the start, or pass another --out") from None
+    if not isinstance(state, dict) or not {"model", "opt", "sched", "step", "rng"} <= set(state):
+        raise SpecbenchError(f"{path} is not a trainer state this code wrote; delete it to train from the start")
+    return state
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
@@ -105,7 +126,7 @@ def held_out_metrics(drafter, valid: list, cfg: TrainConfig, bf16: bool) -> dict
 class Trainer:
     def __init__(self, drafter, data: FeatureDataset, cfg: TrainConfig, out: Path,
                  console: Console | None = None, prior: dict | None = None,
-                 sources: list[dict] | None = None) -> None:
+                 sources: list[dict] | None = None, commit_every_s: float = 0.0) -> None:
         self.drafter = drafter
         self.prior = prior  # the warm start's checkpoint {path, steps, seconds, epochs}, if any
         self.sources = sources or []  # the distill folders trained on: [{folder, shards}]
@@ -128,6 +149,9 @@ class Trainer:
         self.batch_in_epoch = 0
         self.seconds = 0.0
         self._rng = torch.get_rng_state()  # RNG as of the start of the next step: resume is exact
+        # A training that spans sessions commits its state to git (harness/train/state_commits.py).
+        self.committer = (StateCommitter(self.out, commit_every_s, f"{drafter.name} {self.out.name}")
+                          if commit_every_s > 0 else None)
 
     # ------------------------------------------------------------------ state
     @property
@@ -136,10 +160,13 @@ class Trainer:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        # Tensors, the optimiser's and scheduler's state dicts and JSON types only: a file that
+        # `torch.load(weights_only=True)` reads back without running any code (`try_resume`).
         state = {"model": {k: v for k, v in self.drafter.state_dict().items() if not k.startswith("target.")},
                  "opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step,
                  "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seconds": self.seconds,
-                 "cfg": asdict(self.cfg), "rng": self._rng, "sessions": self.sessions}
+                 "cfg": json.loads(json.dumps(asdict(self.cfg))), "rng": self._rng,
+                 "sessions": json.loads(json.dumps(self.sessions))}
         tmp = self.state_path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(self.state_path)
@@ -148,7 +175,7 @@ class Trainer:
     def try_resume(self) -> bool:
         if not self.state_path.exists():
             return False
-        state = torch.load(self.state_path, weights_only=False)
+        state = load_state(self.state_path)
         self.drafter.load_state_dict(state["model"], strict=False)
         self.opt.load_state_dict(state["opt"])
         self.sched.load_state_dict(state["sched"])
@@ -160,6 +187,12 @@ class Trainer:
         self._trim_log()
         self.console.print(f"resuming {self.out} at step {self.step}/{self.cfg.steps}")
         return True
+
+    def _commit_state(self, force: bool = False) -> None:
+        if self.committer is not None:
+            said = self.committer.maybe_commit(self.step, force)
+            if said:
+                self.console.print(said)
 
     def _trim_log(self) -> None:
         """Drop log rows past the resumed step: a killed run logged steps its last checkpoint does not hold,
@@ -263,6 +296,7 @@ class Trainer:
                         save = self.step % self.cfg.save_every == 0
                         if save:
                             self.save()
+                            self._commit_state()
                         if evaluate or save:
                             heap.trim()  # evaluation and saving leave their own freed blocks behind
                     else:
@@ -272,6 +306,7 @@ class Trainer:
                             raise RuntimeError("no training sequences")
         except KeyboardInterrupt:
             self.save()
+            self._commit_state(force=True)
             self.console.print(f"[yellow]interrupted[/]: saved step {self.step}")  # the CLI says how to resume
             raise
         final = self.evaluate()

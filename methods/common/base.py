@@ -21,11 +21,13 @@ from harness.core.hashing import config_hash
 from harness.core.packed_linear import WEIGHT_FORMATS
 from harness.core.tree import DraftTree
 from methods.common import checkpoint_io
+from methods.common.config_types import Takes, check_values, one_of
 from methods.common.draft_vocab import DraftVocabHead, flatten_vocab_key, nest_vocab_key
 
 if TYPE_CHECKING:  # annotations only: importing the loop would pull transformers into every drafter import
     from harness.core.decode import Acceptance, DraftContext
     from harness.core.target import TargetOutput
+    from methods.common.official_layout import OfficialFiles
 
 
 class Drafter(nn.Module):
@@ -35,6 +37,8 @@ class Drafter(nn.Module):
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    # What a key takes where its default does not say it all (methods/common/config_types.py).
+    config_types: ClassVar[dict[str, Takes]] = {}
     arch_keys: ClassVar[tuple[str, ...]] = ()
     trainable: ClassVar[bool] = False
     # What tables, plots and `cli.py list` show; read only through methods.registry.method_info.
@@ -61,14 +65,29 @@ class Drafter(nn.Module):
 
     @classmethod
     def resolve_config(cls, overrides: dict[str, Any]) -> dict[str, Any]:
-        """Defaults updated with `overrides`; an unknown key is a one-line error."""
+        """Defaults updated with `overrides`; an unknown key, a value the key does not take
+        (`config_types`) or keys that do not fit together (`check_config`) is a one-line error."""
         for key in overrides:
             if key not in cls.defaults:
                 raise SpecbenchError(
                     f"method '{cls.name}' has no config key '{key}'{did_you_mean(key, cls.defaults)}; "
                     f"keys: {', '.join(sorted(cls.defaults))}"
                 )
-        return {**cls.defaults, **overrides}
+        check_values(cls, overrides)
+        config = {**cls.defaults, **overrides}
+        cls.check_config(config)
+        return config
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Refuse (SpecbenchError) a resolved config whose keys do not fit together; none here."""
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """How `config` departs from the paper's algorithm, one short label each (tables name a row
+        "EAGLE-2 (8k draft vocab)"); [] when it is the paper's form. A method's name means its
+        paper's algorithm: every variant row says what it changes."""
+        return []
 
     @classmethod
     def arch_hash(cls, config: dict[str, Any]) -> str:
@@ -131,8 +150,10 @@ class LearnedDrafter(Drafter):
     own weights only (the target's frozen embedding and LM head are never copied)."""
 
     trainable = True
+    config_types = {"weights": one_of(*WEIGHT_FORMATS)}
     default_lr: ClassVar[float] = 1e-3
     weights_from: ClassVar[str | None] = None  # EAGLE-2 reads EAGLE's weights
+    full_vocab_paper: ClassVar[bool] = True    # the paper drafts from the whole vocabulary (not EAGLE-3)
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
@@ -146,6 +167,12 @@ class LearnedDrafter(Drafter):
         # Checkpoints name the head's ids `draft_ids`, not `vocab.draft_ids`.
         self.register_state_dict_post_hook(flatten_vocab_key)
         self.register_load_state_dict_pre_hook(nest_vocab_key)
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """A draft vocabulary is a departure where the paper drafts from every id (`full_vocab_paper`)."""
+        size = int(config.get("draft_vocab") or 0) if config.get("share_lm_head", True) else 0
+        return [f"{size // 1024}k draft vocab"] if cls.full_vocab_paper and 0 < size < (1 << 30) else []
 
     def uses_target_head(self) -> bool:
         """Whether draft logits come from the target's frozen LM head (where a draft vocab applies):
@@ -225,6 +252,12 @@ class LearnedDrafter(Drafter):
     @classmethod
     def load_official(cls, folder: Path, target, overrides: dict[str, Any]) -> "LearnedDrafter":
         raise SpecbenchError(f"{folder} is not a specbench checkpoint and '{cls.name}' has no official-layout loader")
+
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """These weights in the paper's official layout, the inverse of `load_official` through the
+        same key map (methods/common/official_layout.py), with what that layout cannot express;
+        `base_model`: the base model folder the official code should load, where its config names one."""
+        raise SpecbenchError(f"method '{self.name}' has no official layout to export to")
 
     @classmethod
     def create(cls, target, overrides: dict[str, Any], checkpoint: str | None = None) -> "Drafter":

@@ -9,7 +9,7 @@ committed context only: each cycle it consumes the accepted tokens with their ta
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,6 +22,8 @@ from harness.core.tree import DraftTree
 from harness.core.tree_build import CandidatePool, build_tree
 from methods.common.base import LearnedDrafter
 from methods.common.checkpoint_io import read_config, read_state
+from methods.common.config_types import integer
+from methods.common.official_layout import KeyMap, OfficialFiles, exported, target_field, vocab_departure
 from methods.common.losses import masked_smooth_l1
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ class EagleCore(LearnedDrafter):
     defaults: dict[str, Any] = {"layers": 1, "fc_bias": True, "layer_config": None, "rollout_steps": 1,
                                 "draft_vocab": 8192, "weights": "native"}
     arch_keys = ("layers", "fc_bias", "layer_config", "rollout_steps", "draft_vocab")
+    # top_k, depth and total_tokens: the dynamic trees' (EAGLE-2, EAGLE-3, Gumiho).
+    config_types = {"layers": integer(1), "rollout_steps": integer(1), "draft_vocab": integer(0),
+                    "top_k": integer(1), "depth": integer(1), "total_tokens": integer(2, words=("auto",))}
     first_input_norm = False
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
@@ -118,6 +123,22 @@ class EagleCore(LearnedDrafter):
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
         """Dynamic trees (EAGLE-2, Gumiho): `total_tokens` counts the root, so N drafts is N + 1."""
         return {"total_tokens": budget if budget == "auto" else int(budget) + 1}
+
+    @classmethod
+    def candidates(cls, config: dict[str, Any]) -> int:
+        """How many candidates a dynamic tree keeps its nodes from: `top_k` beams expanded `depth`
+        times (`dynamic_tree`), top_k + depth * top_k^2."""
+        return config["top_k"] + config["depth"] * config["top_k"] ** 2
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """A fixed tree budget (`total_tokens`) the candidates cannot fill is refused, not capped."""
+        total = config.get("total_tokens", "auto")
+        if total != "auto" and total - 1 > cls.candidates(config):
+            raise SpecbenchError(
+                f"method '{cls.name}': total_tokens={total} asks for {total - 1} draft tokens per verify, but its "
+                f"tree keeps at most {cls.candidates(config)} (top_k {config['top_k']}, depth {config['depth']}); "
+                "lower --tree-budget / total_tokens, or raise top_k or depth")
 
     def tree_budget(self, scores: list[float]) -> int:
         """Draft nodes a dynamic tree keeps out of candidates with these cumulative log-probs:
@@ -257,16 +278,12 @@ class EagleCore(LearnedDrafter):
         return self.serial_loss(batch)[1]
 
     # ---- official checkpoints ------------------------------------------------------------
-    @classmethod
-    def map_official(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Released EAGLE keys -> ours: fc.* as is, layers.N.* -> stack.layers.N.*; the copied
-        embedding is dropped (we reuse the target's); rotary buffers are ignored."""
-        out = {}
-        for k, v in state.items():
-            if k.startswith("embed_tokens.") or "rotary_emb" in k:
-                continue
-            out[("stack." + k) if k.startswith("layers.") else k] = v
-        return out
+    # Released EAGLE keys <-> ours: fc.* as is, layers.N.* <-> stack.layers.N.*. The file's copy of
+    # the target's embedding is skipped when read (we reuse the target's) and written from it.
+    official_keys: ClassVar[KeyMap] = KeyMap(pairs=(("layers.", "stack.layers."), ("fc.", "fc.")),
+                                             official_only=("embed_tokens.", "rotary_emb"), ours_only=("draft_ids",))
+    # Where the official code drafts over the target's whole vocabulary (file:line).
+    official_head: ClassVar[str] = "Spec-Bench model/eagle2/cnets.py:689, SafeAILab/EAGLE eagle/model/cnets1.py:702"
 
     @classmethod
     def load_official(cls, folder, target, overrides: dict[str, Any]) -> "EagleCore":
@@ -274,7 +291,7 @@ class EagleCore(LearnedDrafter):
         cfg = read_config(folder, cls.weights_name())
         if cfg.get("hidden_size", target.hidden_size) != target.hidden_size:
             raise SpecbenchError(f"{folder} is for hidden size {cfg.get('hidden_size')}, target has {target.hidden_size}")
-        mapped = cls.map_official(state)
+        mapped = cls.official_keys.to_ours(state)
         layers = 1 + max(int(k.split(".")[2]) for k in mapped if k.startswith("stack.layers."))
         arch = {"layers": layers, "fc_bias": "fc.bias" in mapped, "layer_config": draft_layer_config(cfg, target),
                 "draft_vocab": 0}
@@ -282,20 +299,66 @@ class EagleCore(LearnedDrafter):
         drafter.load_weights(folder, state=mapped)
         return drafter
 
+    def official_files(self, base_model: str | None = None) -> OfficialFiles:
+        """EAGLE's release layout, which EAGLE-2 reads too (SafeAILab/EAGLE; Spec-Bench's EAGLE and
+        EAGLE-2): pytorch_model.bin with fc.*, layers.N.* and the target's embedding (Spec-Bench
+        loads it strictly: model/eagle2/ea_model.py:68), and the config.json its EConfig reads,
+        with `bias` for fc's (ea_model.py:49-53) and `qkv_bias` where the layers have one."""
+        weights = {"embed_tokens.weight": exported(self.target.embed_tokens.weight)}
+        weights.update({k: exported(v) for k, v in self.official_keys.to_official(self.state_dict()).items()})
+        config = {**official_draft_config(self.target, self.config["layer_config"], self.config["layers"]),
+                  "bias": bool(self.config["fc_bias"])}
+        if "layers.0.self_attn.q_proj.bias" in weights:
+            config["qkv_bias"] = True  # the official layers read it with hasattr: absent means none
+        return OfficialFiles(weights, "pytorch_model.bin", config, self.official_departures())
 
+    def official_departures(self) -> list[str]:
+        """What EAGLE's layout cannot say about this drafter, one line each."""
+        return vocab_departure(self, self.official_head) + rope_scaling_departure(self.target)
+
+
+# The draft layer's config fields a released config.json holds, read into `layer_config` where
+# they differ from the target's (`draft_layer_config`) and written from it (`official_draft_config`).
 LAYER_FIELDS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
                 "hidden_act")
 
 
 def draft_layer_config(draft_cfg: dict, target) -> dict | None:
     """Fields of a released draft's config.json that differ from the target's (None when none do)."""
-    tc = target.config
-    out = {}
-    for key in LAYER_FIELDS:
-        if key not in draft_cfg:
-            continue
-        have = (tc.rope_parameters or {}).get("rope_theta") if key == "rope_theta" and hasattr(tc, "rope_parameters") \
-            else getattr(tc, key, None)
-        if draft_cfg[key] != have:
-            out[key] = draft_cfg[key]
+    out = {key: draft_cfg[key] for key in LAYER_FIELDS
+           if key in draft_cfg and draft_cfg[key] != target_field(target.config, key)}
     return out or None
+
+
+def official_draft_config(target, layer_config: dict | None, layers: int) -> dict[str, Any]:
+    """The config.json of a draft in the EAGLE family's layout, as EConfig reads it (SafeAILab/EAGLE
+    eagle/model/configs.py:77-124): the target's sizes with the draft layer's own `layer_config`,
+    `num_hidden_layers` = `layers`, and rope_theta written out (the drafts read it with hasattr:
+    eagle/model/cnets1.py:222-225). Their layers take head_dim = hidden / heads; one that differs
+    has no place in the layout."""
+    tc = target.config
+    fields = {key: target_field(tc, key) for key in LAYER_FIELDS} | dict(layer_config or {})
+    heads = fields["num_attention_heads"]
+    head_dim = getattr(tc, "head_dim", None) if not (layer_config or {}).get("num_attention_heads") else None
+    if head_dim is not None and head_dim * heads != tc.hidden_size:
+        raise SpecbenchError(f"target '{target.name}' has head_dim {head_dim} with {heads} heads of hidden size "
+                             f"{tc.hidden_size}: the official EAGLE-family layers take hidden / heads; no official "
+                             "layout holds this draft")
+    pad = getattr(tc, "pad_token_id", None)
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": tc.hidden_size,
+            "num_hidden_layers": layers, **fields, "vocab_size": target.vocab_size,
+            "max_position_embeddings": tc.max_position_embeddings, "rope_scaling": None, "pretraining_tp": 1,
+            "pad_token_id": pad if isinstance(pad, int) and 0 <= pad < target.vocab_size else None,
+            "bos_token_id": getattr(tc, "bos_token_id", None), "eos_token_id": getattr(tc, "eos_token_id", None),
+            "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+
+def rope_scaling_departure(target) -> list[str]:
+    """A target RoPE with scaling has no place in EConfig (only linear/dynamic pass its check:
+    SafeAILab/EAGLE eagle/model/configs.py:126-150); the export writes none."""
+    params = getattr(target.config, "rope_parameters", None) or {}
+    kind = params.get("rope_type", "default") if isinstance(params, dict) else "default"
+    if kind == "default":
+        return []
+    return [f"RoPE scaling: the target's rope_type '{kind}' has no place in the official config (EConfig takes "
+            "none, linear or dynamic: eagle/model/configs.py:126-150); written without it"]

@@ -17,6 +17,7 @@ from harness.core.errors import SpecbenchError
 from harness.core.tree import DraftTree, StaticTree
 from harness.core.tree_build import RankChildren, walk_static_tree
 from methods.common.base import LearnedDrafter
+from methods.common.config_types import integer, kinds
 
 if TYPE_CHECKING:
     from harness.core.decode import DraftContext
@@ -36,16 +37,29 @@ class HeadDrafter(LearnedDrafter):
     """Heads 0..heads-1 guess the tokens at depths 1..heads of a static tree (`config['tree']`)."""
 
     arch_keys = ("heads", "layers", "share_lm_head", "draft_vocab")
+    # tree: a preset's name, auto / auto:N (fitted candidates), or a list of rank paths
+    config_types = {"heads": integer(1), "layers": integer(0), "draft_vocab": integer(0), "tree": kinds("str", "list")}
+
+    @classmethod
+    def departures(cls, config: dict[str, Any]) -> list[str]:
+        """The papers' heads each own a projection to the whole vocabulary (initialised from the
+        target's LM head); ours may share the target's frozen head."""
+        return (["shared head"] if config.get("share_lm_head") else []) + super().departures(config)
     input_noise = False  # neither recipe adds feature noise
     acceptance_rules = ("greedy", "lossless", "typical")  # Medusa's typical rule is for its heads' trees
 
     def __init__(self, target, config: dict[str, Any] | None = None) -> None:
         super().__init__(target, config)
         self._tree: StaticTree | None = None
-        if self._fitted_tree_size() is not None:
-            if not self.config["tree_candidates"]:
+        size = self.fitted_tree_size(self.config)
+        if size is not None:
+            cands = self.config["tree_candidates"]
+            if not cands:
                 raise SpecbenchError(f"{self.name}: tree=auto needs the candidates fitted to these heads: run "
                                      f"`cli.py calibrate-tree -m {self.name} --save`, or --set tree=<preset>")
+            if size != "auto" and size > len(cands):  # said, not capped: the records would claim N
+                raise SpecbenchError(f"{self.name}: tree=auto:{size} asks for {size} draft nodes, but these heads "
+                                     f"have {len(cands)} fitted candidates; lower --tree-budget to {len(cands)} or less")
         else:
             self._tree = StaticTree.for_heads(self.config["tree"], self.config["heads"])
 
@@ -57,24 +71,30 @@ class HeadDrafter(LearnedDrafter):
             from harness.core.cost_model import best_size, verify_cost_curve
 
             cands = self.config["tree_candidates"]
-            n = self._fitted_tree_size()
+            n = self.fitted_tree_size(self.config)
             if n == "auto":
                 n = best_size([p for _, p in cands], verify_cost_curve(self.target))
             self._tree = StaticTree.for_heads([path for path, _ in cands[:n]], self.config["heads"])
         return self._tree
 
-    def _fitted_tree_size(self) -> int | str | None:
+    @classmethod
+    def fitted_tree_size(cls, config: dict[str, Any]) -> int | str | None:
         """"auto" (tree "auto": sized on this machine's cost curve), N (tree "auto:N": the N most
         frequent fitted candidates), or None (a preset or explicit tree)."""
-        tree = self.config["tree"]
+        tree = config["tree"]
         if tree == "auto":
             return "auto"
         if isinstance(tree, str) and tree.startswith("auto:"):
             try:
                 return max(1, int(tree[5:]))
             except ValueError:
-                raise SpecbenchError(f"{self.name}: tree={tree!r}: use auto or auto:N (N draft nodes)") from None
+                raise SpecbenchError(f"{cls.name}: tree={tree!r}: use auto or auto:N (N draft nodes)") from None
         return None
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """`auto:N` must name a number of nodes (checked before the target loads)."""
+        cls.fitted_tree_size(config)
 
     @classmethod
     def budget_overrides(cls, budget: int | str) -> dict[str, Any]:
