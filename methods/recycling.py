@@ -1,4 +1,4 @@
-"""Token Recycling (Luo et al., 2024): an adjacency matrix holds each token's top-k next tokens
+"""Token Recycling (Luo et al., ACL 2025): an adjacency matrix holds each token's top-k next tokens
 as the target predicted them, and a static tree template is filled from it: a node's children
 are the ranked row of its token. Nothing is trained.
 
@@ -74,8 +74,8 @@ class TokenRecycling(Drafter):
 
     name = "recycling"
     display_name = "Token Recycling"
-    paper = "Luo et al., 2024 (arXiv 2408.08696)"
-    year = 2024
+    paper = "Luo et al., ACL 2025 (arXiv 2408.08696)"
+    year = 2025
     color = "#999933"
     order = 15
     defaults: dict[str, Any] = {

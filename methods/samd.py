@@ -1,4 +1,4 @@
-"""SAM-Decoding (Hu et al., 2024): drafts by suffix automata. A dynamic automaton over the prompt
+"""SAM-Decoding (Hu et al., ACL 2025): drafts by suffix automata. A dynamic automaton over the prompt
 and the text generated so far, and a static one over a corpus, each find the longest suffix of
 the context (the root included) that occurred before; the tokens after its first occurrence are
 the draft. When neither match is long enough an auxiliary drafter proposes instead
@@ -118,8 +118,8 @@ class SamDecoding(Drafter):
 
     name = "samd"
     display_name = "SAM-Decoding"
-    paper = "Hu et al., 2024 (arXiv 2411.10666)"
-    year = 2024
+    paper = "Hu et al., ACL 2025 (arXiv 2411.10666)"
+    year = 2025
     color = "#AA4499"
     order = 17
     defaults: dict[str, Any] = {
