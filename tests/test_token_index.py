@@ -151,3 +151,22 @@ def test_datastore_build_cli_writes_and_reports(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["datastore", "build", "--target", "tiny", "--from", str(tmp_path / "none"),
                                    "--name", "x"])
     assert res.exit_code == 2 and res.output.strip().startswith("error:") and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("method,key", [("rest", "datastore"), ("samd", "corpus")])
+def test_a_run_without_its_datastore_is_one_line(tmp_path, monkeypatch, shared_data, method, key):
+    """`cli.py run -m rest|samd` with no datastore built (or a corrupt one): one line naming the
+    command that builds it, exit 2."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from tests.test_faults import error_line
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    args = ["run", "-m", method, "--target", "tiny", "-b", "gsm8k", "--limit", "1", "--max-new-tokens", "4",
+            "--dtype", "float32", "--data-dir", str(shared_data), "--out", str(tmp_path / "run")]
+    line = error_line(CliRunner().invoke(app, args))
+    assert "no datastore at" in line and "datastore build --target tiny" in line
+    TokenIndex.build([[1, 2]], {"vocab_hash": "x"}).save(tmp_path / "ds")
+    (tmp_path / "ds" / "tokens.npy").write_bytes(b"torn")
+    assert "unreadable" in error_line(CliRunner().invoke(app, [*args, "--set", f"{method}.{key}={tmp_path / 'ds'}"]))
