@@ -637,6 +637,36 @@ def distill(
     console.print(res)
 
 
+datastore_app = typer.Typer(no_args_is_help=True, help="REST's datastore (also SAM-Decoding's static corpus)")
+app.add_typer(datastore_app, name="datastore")
+
+
+@datastore_app.command("build")
+@friendly
+def datastore_build(
+    from_: Annotated[list[str], typer.Option(
+        "--from", help="what to index, repeatable: 'default' (the training prompts + this target's distilled "
+                       "answers), a JSONL file or folder of texts, or a distill folder")] = ["default"],
+    target: TargetOpt = "smollm2-135m",
+    name: Annotated[Optional[str], typer.Option(
+        help="cache name, used as --set rest.datastore=NAME (default: 'default', for the default corpus only)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write to this folder instead of the cache")] = None,
+    prompts: PromptsOpt = Path("../shared/data/train_prompts/prompts.jsonl"),
+    force: Annotated[bool, typer.Option(help="rebuild even when an up-to-date one is cached")] = False,
+):
+    """Build the token index REST retrieves from and SAM-Decoding's static automaton matches
+    against; cached per target, rebuilt only when its sources change."""
+    from harness.core.target import Target
+    from harness.train.datastore import build_datastore
+
+    tgt = Target.load(target, "cpu", "float32")
+    with console.status("building the datastore"):
+        folder, meta, built = build_datastore(tgt, from_, name, out, prompts, force)
+    size = sum(f.stat().st_size for f in folder.iterdir()) / 2**20
+    state = f"built in {meta.get('build_s')} s" if built else "up to date (--force rebuilds it)"
+    console.print(f"{folder}: {meta['documents']:,} documents, {meta['tokens']:,} tokens, {size:.1f} MB; {state}")
+
+
 @app.command()
 @friendly
 def train(

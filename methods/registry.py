@@ -20,6 +20,7 @@ from functools import lru_cache
 from importlib import metadata
 
 from harness.core.errors import SpecbenchError, unknown
+from methods.common import method_lookup
 
 ENTRY_POINT_GROUP = "specbench.methods"
 
@@ -34,6 +35,9 @@ _ENTRIES: dict[str, str] = {
     "eagle3": "methods.eagle3:Eagle3",
     "gumiho": "methods.gumiho:Gumiho",
     "sps": "methods.sps:SpeculativeSampling",
+    "recycling": "methods.recycling:TokenRecycling",
+    "samd": "methods.samd:SamDecoding",
+    "rest": "methods.rest:Rest",
 }
 _CLASSES: dict[str, type] = {}   # built-ins once imported, and registered classes
 _LOADED: dict[str, type] = {}    # entry points and module:Class paths once imported
@@ -121,6 +125,9 @@ def get_method(name: str) -> type:
         else:
             raise unknown("method", name, ["ar", *method_names(), "<package.module:Class>"])
     return _LOADED[name]
+
+
+method_lookup.install(get_method)  # how a composite drafter (samd's auxiliary) finds another method
 
 
 @dataclass(frozen=True)

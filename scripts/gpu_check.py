@@ -103,8 +103,8 @@ from harness.runs.metrics import bf16_ulp, first_divergence  # noqa: E402
 from tests.hub_layouts import (OFFICIAL_LAYOUTS, make_tokenizer, random_model, text_of, vicuna_like,  # noqa: E402
                                write_hub_target, write_official)
 from tests.oracle import OracleDrafter  # noqa: E402
-from tests.random_drafters import (builtin_methods, layers_needed, method_settings, perturbed_copy,  # noqa: E402
-                                   random_drafter)
+from tests.random_drafters import (builtin_methods, datastore_settings, layers_needed, method_settings,  # noqa: E402
+                                   perturbed_copy, random_drafter)
 
 HALF = (torch.bfloat16, torch.float16)
 LOGIT_STD = 5.0
@@ -497,7 +497,8 @@ def compare_inputs(tg: Targets, name: str, methods: list[str], n: int, budget: i
     for m in methods:  # only learned drafters have weights to save; training-free ones take settings only
         if method_info(m).trainable and shell.num_layers >= layers_needed(m):
             d = random_drafter(shell, m, budget)
-            d.save_pretrained(ck_root / folder.relative_to(tg.work) / type(d).weights_name())
+            if d.trainable:  # the training-free ones (REST, Token Recycling, SAM-Decoding) have no weights
+                d.save_pretrained(ck_root / folder.relative_to(tg.work) / type(d).weights_name())
     draft = perturbed_copy(shell)
     draft.model.save_pretrained(tg.work / "targets" / "draft")
     draft.tokenizer.save_pretrained(tg.work / "targets" / "draft")
@@ -508,8 +509,9 @@ def compare_inputs(tg: Targets, name: str, methods: list[str], n: int, budget: i
     prompt_file.write_text("".join(json.dumps(x) + "\n" for x in lines))
     settings = {"sps.draft": str(tg.work / "targets" / "draft"), "sps.gamma": 4}
     for m in methods:  # inference keys only: the architecture (full vocabulary) is in each checkpoint
-        if method_info(m).trainable:
-            settings.update({f"{m}.{k}": v for k, v in method_settings(m, budget).items() if k != "draft_vocab"})
+        if m != "sps":  # its settings are above
+            extra = {**method_settings(m, budget), **datastore_settings(m, shell)}
+            settings.update({f"{m}.{k}": v for k, v in extra.items() if k != "draft_vocab"})
     return prompt_file, ck_root, settings
 
 

@@ -7,9 +7,14 @@ Each drafter is cast to the target's device and dtype, as loading a checkpoint d
 """
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
+
+# Training-free methods that read a datastore, and the config key that names it.
+DATASTORE_KEYS = {"rest": "datastore", "samd": "corpus"}
 
 def method_settings(name: str, budget: int) -> dict[str, Any]:
     """Config overrides for a random-initialised `name` drafter with about `budget` draft tokens per
@@ -25,6 +30,29 @@ def method_settings(name: str, budget: int) -> dict[str, Any]:
     if name == "sps":
         return {"gamma": 4}
     return {}
+
+
+def random_datastore(target) -> Path:
+    """A datastore for `target`'s vocabulary (REST's, SAM-Decoding's corpus): seeded random documents,
+    each a segment repeated, so lookups find matches; built once per vocabulary in the temp folder."""
+    from harness.core.errors import SpecbenchError
+    from methods.common.token_index import TokenIndex
+
+    folder = Path(tempfile.gettempdir()) / "specbench-random-datastores" / target.vocab_hash()
+    try:
+        TokenIndex.load(folder, target.vocab_hash())
+    except SpecbenchError:
+        g = torch.Generator().manual_seed(0)
+        docs = [torch.randint(0, target.vocab_size, (int(n),), generator=g).tolist()
+                for n in torch.randint(4, 24, (400,), generator=g)]
+        TokenIndex.build([d * 3 for d in docs], {"vocab_hash": target.vocab_hash()}).save(folder)
+    return folder
+
+
+def datastore_settings(name: str, target) -> dict[str, Any]:
+    """{key: a random datastore for `target`} for a method that reads one, else {}."""
+    key = DATASTORE_KEYS.get(name)
+    return {key: str(random_datastore(target))} if key else {}
 
 
 def layers_needed(name: str) -> int:
@@ -60,7 +88,7 @@ def random_drafter(target, name: str, budget: int = 15, seed: int = 0):
     from methods.registry import get_method
 
     cls = get_method(name)
-    settings = method_settings(name, budget)
+    settings = {**method_settings(name, budget), **datastore_settings(name, target)}
     torch.manual_seed(seed)
     if name == "sps":
         return cls(target, {**settings, "draft": "perturbed copy"}, draft=perturbed_copy(target))

@@ -154,7 +154,7 @@ class TreeSizer:
 
     def reset(self) -> None:
         self.predicted = self.accepted = self.prior_weight
-        self.pending = 0.0
+        self.pending: float | None = None
 
     @property
     def calibration(self) -> float:
@@ -168,7 +168,10 @@ class TreeSizer:
         return best_n
 
     def observe(self, accepted: int) -> None:
-        """The drafts accepted from the tree of the last `budget` call."""
+        """The drafts accepted from the tree of the last `budget` call; a step whose tree this sizer
+        did not size (SAM-Decoding verifies its own chain between its auxiliary's trees) teaches it nothing."""
+        if self.pending is None:
+            return
         self.predicted += self.pending
         self.accepted += accepted
-        self.pending = 0.0
+        self.pending = None

@@ -78,6 +78,7 @@ class Acceptance:
     logits: torch.Tensor | None = None  # [A+1, V] target logits on the path (Medusa-style heads)
     layers: dict[int, torch.Tensor] | None = None  # {i: [A+1, H]} inputs of the layers the drafter asks for
     side_logits: torch.Tensor | None = None  # [S, V] target logits at the tree's side rows, if it had any
+    tree_logits: torch.Tensor | None = None  # [N+1, V] target logits at every tree node (Token Recycling)
 
     @property
     def accepted(self) -> int:
@@ -246,13 +247,15 @@ def prefill(target: Target, prompt_ids: list[int], cfg: GenerationConfig, genera
 
 def observe(drafter, tree: DraftTree, verified: TargetOutput, verdict: Verdict) -> None:
     """5. The drafter sees the accepted path: its tokens [A+1] and, at its rows, the target's
-    features [A+1, H], logits [A+1, V] and the inputs [A+1, H] of the layers it asked for."""
+    features [A+1, H], logits [A+1, V] and the inputs [A+1, H] of the layers it asked for; and the
+    logits of every verified node [N+1, V], rejected ones included (no copy: the verify's own)."""
     path = verdict.path
     rows = torch.tensor(path, device=verified.hidden.device)
     with drafting_weights(drafter):
         layers = {i: h[rows.to(h.device)] for i, h in verified.layers.items()} if verified.layers else None
         drafter.observe(Acceptance(tree, path, tree.tokens[path], verified.hidden[rows], verdict.bonus,
-                                   verified.logits[rows], layers, verified.side_logits))
+                                   verified.logits[rows], layers, side_logits=verified.side_logits,
+                                   tree_logits=verified.logits))
 
 
 @dataclass
