@@ -30,7 +30,7 @@ from rich.console import Console
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
 from harness.core.paths import REPO_ROOT
-from harness.peers.catalog import Peer, get_peer, implementation
+from harness.peers.catalog import SHIM_NOTES, Peer, get_peer, implementation
 from harness.runs.config import RunConfig
 from harness.runs.record import AR_METHOD, Record, Steps, record_key
 
@@ -220,7 +220,8 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
             break
         job = {"adapter": adapter, "peer_dir": str(peer_folder(peer_root, peer).resolve()),
                "base": str(files["base"]), "drafter": str(files["drafter"]) if files.get("drafter") else None,
-               "settings": peer.settings, "dtype": str(target.dtype).replace("torch.", ""), "threads": threads,
+               "settings": peer.settings, "shims": {k: list(v) for k, v in peer.shims.items()},
+               "dtype": str(target.dtype).replace("torch.", ""), "threads": threads,
                "prompts": prompts, "out": str((answers / f"{tag}-turn{turn}.jsonl").resolve())}
         label = f"{peer.label if method != AR_METHOD else 'AR (' + peer.source + ')'} turn {turn + 1}"
         results = run_worker(peer_python(peer), job, work / f"{tag}-turn{turn}.json", console, label)
@@ -260,7 +261,8 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     target = Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
     work = cache_root() / "peers" / target.name
     checkpoints = work / "checkpoints"
-    drafters = {p.layout: export_official(p.layout, target, checkpoints, console) for p in peers if p.layout}
+    base = base_view(cfg.target, work)
+    drafters = {p.layout: export_official(p.layout, target, checkpoints, console, base) for p in peers if p.layout}
     # Ours: the peers' methods with the peers' settings, on the exported weights.
     settings = {f"{p.method}.{k}": v for p in peers for k, v in p.ours.items()}
     methods = list(dict.fromkeys(p.method for p in peers))
@@ -276,7 +278,7 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     for p in peers:
         commit = peer_commit(peer_root, p)
         impl = implementation(p, commit)
-        files = {"base": base_view(cfg.target, work), "drafter": drafters.get(p.layout)}
+        files = {"base": base, "drafter": drafters.get(p.layout)}
         for adapter, method, config, label in (
                 (p.ar_adapter, AR_METHOD, ar_config(impl), f"AR ({p.folder})"),
                 (p.adapter, p.method, peer_config(p, impl), p.label)):
@@ -288,7 +290,9 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
             provenance[label] = {"config_hash": config_hash({"method": method, **config}), "method": method,
                                  "peer": p.name, "folder": p.folder, "commit": commit,
                                  "fingerprint": before[p.folder], "transformers": p.transformers,
-                                 "settings": p.settings if method != AR_METHOD else {}}
+                                 "settings": p.settings if method != AR_METHOD else {},
+                                 "shims": {name: {"modules": list(mods), "what": SHIM_NOTES[name]}
+                                           for name, mods in p.shims.items()}}
         console.print(f"{p.label}: done")
     changed = [f for f, h in before.items() if folder_fingerprint(peer_root / f) != h]
     if changed:
@@ -309,15 +313,16 @@ def base_view(target_spec: str, work: Path) -> Path:
     return view
 
 
-def export_official(method: str, target, root: Path, console: Console) -> Path:
+def export_official(method: str, target, root: Path, console: Console, base: Path) -> Path:
     """Our committed drafter of `method` in its official layout, under root/<target>/<weights name>
-    (where our loaders find it through $SPECBENCH_CHECKPOINTS, so both sides read one file); the
-    export's departures from the official layout are printed."""
+    (where our loaders find it through $SPECBENCH_CHECKPOINTS, so both sides read one file), its
+    config naming the base view `base` where the layout names a base model (FasterDecoding's
+    Medusa loads the base model from there); the export's departures are printed."""
     from harness.peers.export import export_drafter
     from methods.registry import get_method
 
     folder = root / target.name / get_method(method).weights_name()
-    done = export_drafter(method, target, folder)
+    done = export_drafter(method, target, folder, base_model=str(base))
     for line in done.departures:
         console.print(f"[yellow]{method} export[/]: {line}", soft_wrap=True)
     return folder
