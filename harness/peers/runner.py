@@ -239,10 +239,11 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
 
 def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path | None = None,
               peer_root: Path = DEFAULT_PEER_ROOT, console: Console | None = None, threads: int = 1,
-              ours: bool = True) -> Path:
+              ours: bool = True, target=None) -> Path:
     """Ours and the official implementations of `names` on the same prompts into the run folder
     `out` (resumes); `cfg` holds the benchmarks, limit, token limit, dtype and ONE temperature.
-    `ours`: also run our methods with the peers' settings (the comparison; off: peers only)."""
+    `ours`: also run our methods with the peers' settings (the comparison; off: peers only).
+    `target`: the loaded target of cfg.target (default: loaded here)."""
     from harness.core.target import Target, cache_root
     from harness.runs.benchmarks import load_questions, resolve_data_dir
     from harness.runs.executor import run_grid
@@ -258,7 +259,7 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     before = {p.folder: folder_fingerprint(peer_folder(peer_root, p)) for p in peers}
     data_dir = resolve_data_dir(data_dir)
     questions = {b: load_questions(b, data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
-    target = Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
+    target = target or Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
     work = cache_root() / "peers" / target.name
     checkpoints = work / "checkpoints"
     base = base_view(cfg.target, work)

@@ -9,9 +9,10 @@ way the peer's own runner script does, and calls the peer's own forward function
 answer is appended to the job's output file as it finishes; answers already there are skipped,
 so a killed worker resumes.
 
-JOB.json: {"adapter": name in ADAPTERS, "peer_dir": folder, "base": target folder in the layout
-the peer's transformers reads, "drafter": folder of the drafter weights in the official layout
-or null, "settings": the peer's own knobs, "dtype": "float32" | "bfloat16", "threads": n,
+JOB.json: {"adapter": name in ADAPTERS (or "module:function", see `adapter`), "peer_dir": folder,
+"base": target folder in the layout the peer's transformers reads, "drafter": folder of the
+drafter weights in the official layout or null, "settings": the peer's own knobs, "dtype":
+"float32" | "bfloat16", "threads": n,
 "shims": {name in SHIMS: [peer modules]}, "prompts": [{"key", "ids", "max_new_tokens", "temperature"}],
 "out": results .jsonl}
 A result line: {"key", "output_ids", "accept_lengths" (new tokens per verify step, the peer's own
@@ -21,6 +22,7 @@ feed the prompt with the first drafts, EAGLE's code prefills apart), "wall_s"}.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import json
 import sys
@@ -125,6 +127,7 @@ def kv_heads_shim(modules: list[str], job: dict) -> None:
         module = importlib.import_module(name)
         inner = module.initialize_past_key_values
 
+        @functools.wraps(inner)
         def allocate(model, *args, _inner=inner, **kwargs):
             return _inner(_KeyValueHeads(model), *args, **kwargs)
         module.initialize_past_key_values = allocate
@@ -429,6 +432,16 @@ ADAPTERS: dict[str, tuple[Callable[[dict], Generate], bool]] = {
 }
 
 
+def adapter(name: str) -> tuple[Callable[[dict], Generate], bool]:
+    """ADAPTERS[name]; or, for "module:function", a builder the peer folder brings itself (imported
+    from there, its `prefill_step` attribute saying what the ADAPTERS flag says, default False)."""
+    if ":" not in name:
+        return ADAPTERS[name]
+    module, function = name.split(":", 1)
+    build = getattr(importlib.import_module(module), function)
+    return build, bool(getattr(build, "prefill_step", False))
+
+
 # ----------------------------------------------------------------------------- the job
 def done_keys(out: Path) -> set[str]:
     """Keys of the answers already in the results file (a torn last line is dropped)."""
@@ -449,7 +462,7 @@ def run(job: dict) -> int:
     sys.path.insert(0, str(Path(job["peer_dir"]).resolve()))
     for name, modules in (job.get("shims") or {}).items():
         SHIMS[name](list(modules), job)
-    build, prefill_step = ADAPTERS[job["adapter"]]
+    build, prefill_step = adapter(job["adapter"])
     generate = build(job)
     out = Path(job["out"])
     done = done_keys(out)
