@@ -156,8 +156,23 @@ def checkpoints_from(folder: Path | None):
             os.environ["SPECBENCH_CHECKPOINTS"] = old
 
 
+def answered(out: Path) -> list[dict]:
+    """The result lines of a worker's output file (a torn last line, from a kill, is left out)."""
+    results = []
+    for line in (out.read_text().splitlines() if out.exists() else []):
+        try:
+            results.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return results
+
+
 def run_worker(python: Path, job: dict, job_file: Path, console: Console, label: str) -> list[dict]:
-    """Run the worker on `job` in the peer's environment; returns its result lines (resumed ones too)."""
+    """Run the worker on `job` in the peer's environment; returns its result lines (resumed ones too).
+    When every prompt is answered already (a resumed run), no environment is started."""
+    out = Path(job["out"])
+    if {p["key"] for p in job["prompts"]} <= {r.get("key") for r in answered(out)}:
+        return answered(out)
     job_file.parent.mkdir(parents=True, exist_ok=True)
     Path(job["out"]).parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(json.dumps(job))
@@ -175,8 +190,7 @@ def run_worker(python: Path, job: dict, job_file: Path, console: Console, label:
     if proc.wait() != 0:
         tail = "\n".join(err.strip().splitlines()[-12:])
         raise SpecbenchError(f"peer '{label}' failed (exit {proc.returncode}); its last lines:\n{tail}")
-    out = Path(job["out"])
-    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    return answered(out)
 
 
 def peer_prompt_ids(target, question, turn: int, history: list[dict]) -> tuple[list[int], list[dict]]:
