@@ -329,7 +329,7 @@ def fta_paper(tree: DraftTree) -> DraftTree:
     each deeper column, verified as if it followed the leaf. Their logits were computed in another
     context, so this is *not* lossless.
 
-    The official code also sets the leaf's attention to those nodes (gumiho/model/cnets.py:983),
+    The official code also sets the leaf's attention to those nodes (gumiho/model/cnets.py:989),
     but its target model builds the verify mask as the causal mask with the tree mask's zeros
     masked out (gumiho/model/modeling_llama_kv.py:888-921): a tree-mask one cannot open a key after
     the query, and the borrowed nodes of deeper columns always come after the leaf. So the leaf
