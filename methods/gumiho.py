@@ -326,8 +326,10 @@ def fta_exact(candidates: list[Node], budget: int) -> list[Node]:
 
 def fta_paper(tree: DraftTree) -> DraftTree:
     """The official padding: each short root->leaf path is continued by the most frequent node of
-    each deeper column, verified as if it followed the leaf. Their logits were computed in another
-    context, so this is *not* lossless.
+    each deeper column, verified as if it followed the leaf (gumiho/model/cnets.py:969-989: the
+    padded row of `retrieve_indices`). Their logits were computed in another context, so this is
+    *not* lossless. A continuation is that row and nothing else: after a borrowed node only the
+    next column's node is tried, not the borrowed node's own children.
 
     The official code also sets the leaf's attention to those nodes (gumiho/model/cnets.py:989),
     but its target model builds the verify mask as the causal mask with the tree mask's zeros
@@ -350,4 +352,5 @@ def fta_paper(tree: DraftTree) -> DraftTree:
             continue  # the cache commit needs ascending node order
         extra_children.setdefault(leaf, []).append(borrowed[0])
     tree.extra_children = extra_children
+    tree.borrowed_next = {cols[c]: cols[c + 1] for c in range(1, width - 1)} if extra_children else {}
     return tree

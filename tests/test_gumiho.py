@@ -9,7 +9,9 @@ from harness.core.tree_build import Node, build_tree
 from harness.runs.metrics import attach_divergences, own_divergences
 from harness.runs.record import Record
 from harness.train.data import DistillBatch
-from methods.gumiho import Gumiho, fta_exact
+from harness.core.tree import DraftTree
+from harness.core.verify import verify_greedy
+from methods.gumiho import Gumiho, fta_exact, fta_paper
 from tests.test_eagle import _begin
 from tests.train_helpers import assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly, vicuna7b_meta
 
@@ -185,6 +187,22 @@ def test_paper_fta_only_adds_borrowed_continuations(tiny_target, trained_gumiho)
     leaves = {i for i, kids in enumerate(paper.children) if not kids}
     for leaf, borrowed in paper.extra_children.items():
         assert leaf in leaves and all(b > leaf and not paper.ancestor_mask[leaf, b] for b in borrowed)
+
+
+def test_paper_fta_continues_a_short_path_only_along_its_padded_row():
+    """The official padded row of a short leaf is [root, ..., leaf, m_c, m_c+1, ...] (the most frequent
+    node of each deeper column): after a borrowed m_c only m_c+1 is tried, never another child of
+    m_c. Tree: root -> 1 (a short leaf) and root -> 2 -> 3 -> {4, 5}; columns 1..3 are 2, 3, 4 (4
+    and 5 tie: the lower node). Greedy argmax: root -> token of 1, 1 -> token of 3 (borrowed),
+    3 -> token of 5: the row has 4 there, so the walk stops at 3 with 5's token as the bonus."""
+    tokens = [10, 11, 12, 13, 14, 15]
+    tree = fta_paper(DraftTree(torch.tensor(tokens), torch.tensor([-1, 0, 0, 2, 3, 3])))
+    assert tree.extra_children == {1: [3]} and tree.borrowed_next == {2: 3, 3: 4}
+    logits = torch.zeros(6, 20)
+    for node, token in {0: 11, 1: 13, 3: 15}.items():
+        logits[node, token] = 1.0
+    verdict = verify_greedy(tree, logits)
+    assert verdict.path == [0, 1, 3] and verdict.bonus == 15
 
 
 def test_paper_fta_mismatches_are_counted(tiny_target, trained_gumiho):
