@@ -9,9 +9,9 @@ one batched call on the depth-2 rows and predict depths 3 .. 2 + mlp_heads.
 Three switches cover where the official code differs from a lossless, bug-free reading (each an
 inference key; `preset=paper` selects the official behaviour and tree settings):
   fta                  off | paper | exact (default). "Full tree attention": paper pads each short
-                       path with the most frequent node of each deeper level and lets its leaf
-                       attend to those borrowed nodes (their logits come from another context:
-                       not lossless, and the harness shows it as mismatches); exact makes the
+                       path with the most frequent node of each deeper level and verifies the
+                       borrowed nodes as if they followed its leaf (their logits come from another
+                       context: not lossless, and the harness shows it as mismatches); exact makes the
                        borrowed tokens real nodes under the short path's leaf, dropping the
                        lowest-scored nodes to stay within the token budget and refilling the
                        slots that frees with the next-best candidates (`fta_exact`).
@@ -334,16 +334,23 @@ def fta_exact(candidates: list[Node], budget: int) -> list[Node]:
 
 def fta_paper(tree: DraftTree) -> DraftTree:
     """The official padding: each short root->leaf path is continued by the most frequent node of
-    each deeper column, verified as if it followed the leaf, and the leaf attends to those nodes.
-    Their logits were computed in another context, so this is *not* lossless."""
+    each deeper column, verified as if it followed the leaf (gumiho/model/cnets.py:969-989: the
+    padded row of `retrieve_indices`). Their logits were computed in another context, so this is
+    *not* lossless. A continuation is that row and nothing else: after a borrowed node only the
+    next column's node is tried, not the borrowed node's own children.
+
+    The official code also sets the leaf's attention to those nodes (gumiho/model/cnets.py:989),
+    but its target model builds the verify mask as the causal mask with the tree mask's zeros
+    masked out (gumiho/model/modeling_llama_kv.py:888-921): a tree-mask one cannot open a key after
+    the query, and the borrowed nodes of deeper columns always come after the leaf. So the leaf
+    sees only its ancestors there, and here too: the padding adds verify-only children, no edge."""
     paths = tree.paths()
     width = max(len(p) for p in paths)
     cols: dict[int, int] = {}
     for c in range(width):
-        vals = [p[c] for p in paths if len(p) > c]
-        cols[c] = Counter(vals).most_common(1)[0][0]
+        counts = Counter(p[c] for p in paths if len(p) > c)
+        cols[c] = max(counts, key=lambda n: (counts[n], -n))  # ties: the lowest node (torch.unique + argmax there)
     extra_children: dict[int, list[int]] = {}
-    extra_mask: list[tuple[int, int]] = []
     for p in paths:
         if len(p) == width:
             continue
@@ -352,8 +359,6 @@ def fta_paper(tree: DraftTree) -> DraftTree:
         if any(b <= leaf for b in borrowed):
             continue  # the cache commit needs ascending node order
         extra_children.setdefault(leaf, []).append(borrowed[0])
-        for b in borrowed:
-            extra_mask.append((leaf, b))
-    tree.extra_mask = extra_mask
     tree.extra_children = extra_children
+    tree.borrowed_next = {cols[c]: cols[c + 1] for c in range(1, width - 1)} if extra_children else {}
     return tree

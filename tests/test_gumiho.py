@@ -9,7 +9,9 @@ from harness.core.tree_build import Node, build_tree
 from harness.runs.metrics import attach_divergences, own_divergences
 from harness.runs.record import Record
 from harness.train.data import DistillBatch
-from methods.gumiho import Gumiho, fta_exact
+from harness.core.tree import DraftTree
+from harness.core.verify import verify_greedy
+from methods.gumiho import Gumiho, fta_exact, fta_paper
 from tests.test_eagle import _begin
 from tests.train_helpers import assert_greedy_exact, tiny_dataset, tiny_prompts, train_quickly, vicuna7b_meta
 
@@ -169,21 +171,38 @@ def test_greedy_equals_ar(tiny_target, trained_gumiho, fta):
     assert_greedy_exact(tiny_target, d, seed=96)
 
 
-def test_paper_fta_adds_only_borrowed_edges(tiny_target, trained_gumiho):
-    """The official padding keeps the nodes of the tree without FTA and only adds edges: each short
-    path's leaf attends to (and is verified with) nodes of later columns, never its own ancestors."""
+def test_paper_fta_only_adds_borrowed_continuations(tiny_target, trained_gumiho):
+    """The official padding keeps the nodes and the attention of the tree without FTA: each short
+    path's leaf is only verified with a node of a later column as its continuation. (The official
+    code's edit of the leaf's attention to those nodes is shadowed by its causal verify mask:
+    gumiho/model/modeling_llama_kv.py:888-921, so the leaf sees its ancestors only, as here.)"""
     trees = {}
     for fta in ("off", "paper"):
         d = Gumiho.from_pretrained(trained_gumiho, tiny_target, {"fta": fta, "total_tokens": 32})
         trees[fta] = d.propose(_begin(d, tiny_target, [3, 1, 4, 1, 5, 9]))
     off, paper = trees["off"], trees["paper"]
     assert torch.equal(off.tokens, paper.tokens) and torch.equal(off.parents, paper.parents)
-    assert paper.extra_mask and not off.extra_mask
+    assert torch.equal(paper.attention_mask, paper.ancestor_mask)
+    assert paper.extra_children and not off.extra_children
     leaves = {i for i, kids in enumerate(paper.children) if not kids}
-    for leaf, b in paper.extra_mask:
-        assert leaf in leaves and b > leaf and not paper.ancestor_mask[leaf, b]
-    assert all(kids[0] in {b for q, b in paper.extra_mask if q == leaf}
-               for leaf, kids in paper.extra_children.items())
+    for leaf, borrowed in paper.extra_children.items():
+        assert leaf in leaves and all(b > leaf and not paper.ancestor_mask[leaf, b] for b in borrowed)
+
+
+def test_paper_fta_continues_a_short_path_only_along_its_padded_row():
+    """The official padded row of a short leaf is [root, ..., leaf, m_c, m_c+1, ...] (the most frequent
+    node of each deeper column): after a borrowed m_c only m_c+1 is tried, never another child of
+    m_c. Tree: root -> 1 (a short leaf) and root -> 2 -> 3 -> {4, 5}; columns 1..3 are 2, 3, 4 (4
+    and 5 tie: the lower node). Greedy argmax: root -> token of 1, 1 -> token of 3 (borrowed),
+    3 -> token of 5: the row has 4 there, so the walk stops at 3 with 5's token as the bonus."""
+    tokens = [10, 11, 12, 13, 14, 15]
+    tree = fta_paper(DraftTree(torch.tensor(tokens), torch.tensor([-1, 0, 0, 2, 3, 3])))
+    assert tree.extra_children == {1: [3]} and tree.borrowed_next == {2: 3, 3: 4}
+    logits = torch.zeros(6, 20)
+    for node, token in {0: 11, 1: 13, 3: 15}.items():
+        logits[node, token] = 1.0
+    verdict = verify_greedy(tree, logits)
+    assert verdict.path == [0, 1, 3] and verdict.bonus == 15
 
 
 def test_paper_fta_mismatches_are_counted(tiny_target, trained_gumiho):

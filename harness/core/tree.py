@@ -62,8 +62,11 @@ class DraftTree:
     q: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     extra_mask: list[tuple[int, int]] = field(default_factory=list)
-    # Verifier-only edges (Gumiho's paper-FTA): node -> extra nodes tried as if they were its children.
+    # Verifier-only edges (Gumiho's paper-FTA): node -> extra nodes tried as if they were its children;
+    # once the walk has taken such an edge, it goes on only through `borrowed_next` (node -> the one
+    # node tried after it), whatever real children the borrowed nodes have.
     extra_children: dict[int, list[int]] = field(default_factory=dict)
+    borrowed_next: dict[int, int] = field(default_factory=dict)
     side: SideRows | None = None  # rows for the drafter alone, after the tree's (SideRows)
 
     def __post_init__(self) -> None:
@@ -114,10 +117,18 @@ class DraftTree:
             kids[p].append(i)
         return kids
 
-    def verify_children(self, node: int) -> list[int]:
-        """Children the acceptance rule tries under `node`: the real ones, then any extra ones."""
+    def verify_children(self, node: int, borrowed: bool = False) -> list[int]:
+        """Children the acceptance rule tries under `node`: the real ones, then any extra ones; on a
+        borrowed continuation (`borrowed`: the walk took an extra edge) only its `borrowed_next`."""
+        if borrowed:
+            nxt = self.borrowed_next.get(node)
+            return [] if nxt is None else [nxt]
         extra = self.extra_children.get(node)
         return self.children[node] + extra if extra else self.children[node]
+
+    def borrows(self, node: int, child: int) -> bool:
+        """Whether the walk from `node` to `child` takes an extra (borrowed) edge."""
+        return bool(self.extra_children) and child not in self.children[node]
 
     @cached_property
     def depths(self) -> torch.Tensor:

@@ -119,12 +119,13 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     top = greedy_tokens(logits).tolist()
     tokens = tree.tokens.tolist()
-    node, path = 0, [0]
+    node, path, borrowed = 0, [0], False
     while True:
         want = top[node]
-        nxt = next((c for c in tree.verify_children(node) if tokens[c] == want), None)
+        nxt = next((c for c in tree.verify_children(node, borrowed) if tokens[c] == want), None)
         if nxt is None:
             return Verdict(path, want)
+        borrowed = borrowed or tree.borrows(node, nxt)
         node = nxt
         path.append(node)
 
@@ -141,10 +142,10 @@ def _renormalise(p: torch.Tensor, fallback: torch.Tensor | None = None) -> torch
 def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, top_p: float,
                     generator: torch.Generator | None) -> Verdict:
     tokens = tree.tokens.tolist()
-    node, path = 0, [0]
+    node, path, borrowed = 0, [0], False
     p = processed_probs(logits[0], temperature, top_p).cpu()  # the rule reads this row, draft by draft
     while True:
-        kids = tree.verify_children(node)
+        kids = tree.verify_children(node, borrowed)
         q = tree.q[node].to("cpu", torch.float32, copy=True) if (tree.q is not None and kids) else None
         chosen = None
         for c in kids:
@@ -164,6 +165,7 @@ def verify_lossless(tree: DraftTree, logits: torch.Tensor, temperature: float, t
             p = _renormalise(p, before)
         if chosen is None:
             return Verdict(path, sample(p, generator))
+        borrowed = borrowed or tree.borrows(node, chosen)
         node = chosen
         path.append(node)
         p = processed_probs(logits[node], temperature, top_p).cpu()

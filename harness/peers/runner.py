@@ -30,7 +30,7 @@ from rich.console import Console
 from harness.core.errors import SpecbenchError
 from harness.core.hashing import config_hash
 from harness.core.paths import REPO_ROOT
-from harness.peers.catalog import Peer, get_peer, implementation
+from harness.peers.catalog import SHIM_NOTES, Peer, get_peer, implementation
 from harness.runs.config import RunConfig
 from harness.runs.record import AR_METHOD, Record, Steps, record_key
 
@@ -158,8 +158,23 @@ def checkpoints_from(folder: Path | None):
             os.environ["SPECBENCH_CHECKPOINTS"] = old
 
 
+def answered(out: Path) -> list[dict]:
+    """The result lines of a worker's output file (a torn last line, from a kill, is left out)."""
+    results = []
+    for line in (out.read_text().splitlines() if out.exists() else []):
+        try:
+            results.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return results
+
+
 def run_worker(python: Path, job: dict, job_file: Path, console: Console, label: str) -> list[dict]:
-    """Run the worker on `job` in the peer's environment; returns its result lines (resumed ones too)."""
+    """Run the worker on `job` in the peer's environment; returns its result lines (resumed ones too).
+    When every prompt is answered already (a resumed run), no environment is started."""
+    out = Path(job["out"])
+    if {p["key"] for p in job["prompts"]} <= {r.get("key") for r in answered(out)}:
+        return answered(out)
     job_file.parent.mkdir(parents=True, exist_ok=True)
     Path(job["out"]).parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(json.dumps(job))
@@ -177,8 +192,7 @@ def run_worker(python: Path, job: dict, job_file: Path, console: Console, label:
     if proc.wait() != 0:
         tail = "\n".join(err.strip().splitlines()[-12:])
         raise SpecbenchError(f"peer '{label}' failed (exit {proc.returncode}); its last lines:\n{tail}")
-    out = Path(job["out"])
-    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    return answered(out)
 
 
 def peer_prompt_ids(target, question, turn: int, history: list[dict]) -> tuple[list[int], list[dict]]:
@@ -223,7 +237,8 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
             break
         job = {"adapter": adapter, "peer_dir": str(peer_folder(peer_root, peer).resolve()),
                "base": str(files["base"]), "drafter": str(files["drafter"]) if files.get("drafter") else None,
-               "settings": peer.settings, "dtype": str(target.dtype).replace("torch.", ""), "threads": threads,
+               "settings": peer.settings, "shims": {k: list(v) for k, v in peer.shims.items()},
+               "dtype": str(target.dtype).replace("torch.", ""), "threads": threads,
                "prompts": prompts, "out": str((answers / f"{tag}-turn{turn}.jsonl").resolve())}
         label = f"{peer.label if method != AR_METHOD else 'AR (' + peer.source + ')'} turn {turn + 1}"
         results = run_worker(peer_python(peer), job, work / f"{tag}-turn{turn}.json", console, label)
@@ -241,10 +256,11 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
 
 def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path | None = None,
               peer_root: Path = DEFAULT_PEER_ROOT, console: Console | None = None, threads: int = 1,
-              ours: bool = True) -> Path:
+              ours: bool = True, target=None) -> Path:
     """Ours and the official implementations of `names` on the same prompts into the run folder
     `out` (resumes); `cfg` holds the benchmarks, limit, token limit, dtype and ONE temperature.
-    `ours`: also run our methods with the peers' settings (the comparison; off: peers only)."""
+    `ours`: also run our methods with the peers' settings (the comparison; off: peers only).
+    `target`: the loaded target of cfg.target (default: loaded here)."""
     from harness.core.target import Target, cache_root
     from harness.runs.benchmarks import load_questions, resolve_data_dir
     from harness.runs.executor import run_grid
@@ -260,10 +276,11 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     before = {p.folder: folder_fingerprint(peer_folder(peer_root, p)) for p in peers}
     data_dir = resolve_data_dir(data_dir)
     questions = {b: load_questions(b, data_dir, cfg.limit, cfg.ids, cfg.files()) for b in cfg.benchmarks}
-    target = Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
+    target = target or Target.load(cfg.target, cfg.device, cfg.dtype, cfg.chat_template, cfg.system_prompt)
     work = cache_root() / "peers" / target.name
     checkpoints = work / "checkpoints"
-    drafters = {p.layout: export_official(p.layout, target, checkpoints, console) for p in peers if p.layout}
+    base = base_view(cfg.target, work)
+    drafters = {p.layout: export_official(p.layout, target, checkpoints, console, base) for p in peers if p.layout}
     # Ours: the peers' methods with the peers' settings, on the exported weights.
     settings = {f"{p.method}.{k}": v for p in peers for k, v in p.ours.items()}
     methods = list(dict.fromkeys(p.method for p in peers))
@@ -279,7 +296,7 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     for p in peers:
         commit = peer_commit(peer_root, p)
         impl = implementation(p, commit)
-        files = {"base": base_view(cfg.target, work), "drafter": drafters.get(p.layout)}
+        files = {"base": base, "drafter": drafters.get(p.layout)}
         for adapter, method, config, label in (
                 (p.ar_adapter, AR_METHOD, ar_config(impl), f"AR ({p.folder})"),
                 (p.adapter, p.method, peer_config(p, impl), p.label)):
@@ -291,7 +308,9 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
             provenance[label] = {"config_hash": config_hash({"method": method, **config}), "method": method,
                                  "peer": p.name, "folder": p.folder, "commit": commit,
                                  "fingerprint": before[p.folder], "transformers": p.transformers,
-                                 "settings": p.settings if method != AR_METHOD else {}}
+                                 "settings": p.settings if method != AR_METHOD else {},
+                                 "shims": {name: {"modules": list(mods), "what": SHIM_NOTES[name]}
+                                           for name, mods in p.shims.items()}}
         console.print(f"{p.label}: done")
     changed = [f for f, h in before.items() if folder_fingerprint(peer_root / f) != h]
     if changed:
@@ -312,15 +331,16 @@ def base_view(target_spec: str, work: Path) -> Path:
     return view
 
 
-def export_official(method: str, target, root: Path, console: Console) -> Path:
+def export_official(method: str, target, root: Path, console: Console, base: Path) -> Path:
     """Our committed drafter of `method` in its official layout, under root/<target>/<weights name>
-    (where our loaders find it through $SPECBENCH_CHECKPOINTS, so both sides read one file); the
-    export's departures from the official layout are printed."""
+    (where our loaders find it through $SPECBENCH_CHECKPOINTS, so both sides read one file), its
+    config naming the base view `base` where the layout names a base model (FasterDecoding's
+    Medusa loads the base model from there); the export's departures are printed."""
     from harness.peers.export import export_drafter
     from methods.registry import get_method
 
     folder = root / target.name / get_method(method).weights_name()
-    done = export_drafter(method, target, folder)
+    done = export_drafter(method, target, folder, base_model=str(base))
     for line in done.departures:
         console.print(f"[yellow]{method} export[/]: {line}", soft_wrap=True)
     return folder

@@ -10,16 +10,20 @@ way the peer's own runner script does, and calls the peer's own forward function
 answer is appended to the job's output file as it finishes; answers already there are skipped,
 so a killed worker resumes.
 
-JOB.json: {"adapter": name in ADAPTERS, "peer_dir": folder, "base": target folder in the layout
-the peer's transformers reads, "drafter": folder of the drafter weights in the official layout
-or null, "settings": the peer's own knobs, "dtype": "float32" | "bfloat16", "threads": n,
-"prompts": [{"key", "ids", "max_new_tokens", "temperature"}], "out": results .jsonl}
+JOB.json: {"adapter": name in ADAPTERS (or "module:function", see `adapter`), "peer_dir": folder,
+"base": target folder in the layout the peer's transformers reads, "drafter": folder of the
+drafter weights in the official layout or null, "settings": the peer's own knobs, "dtype":
+"float32" | "bfloat16", "threads": n,
+"shims": {name in SHIMS: [peer modules]}, "prompts": [{"key", "ids", "max_new_tokens", "temperature"}],
+"out": results .jsonl}
 A result line: {"key", "output_ids", "accept_lengths" (new tokens per verify step, the peer's own
 count), "prefill_step" (whether the peer's first step is its prefill: transformers-style loops
 feed the prompt with the first drafts, EAGLE's code prefills apart), "wall_s"}.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import json
 import sys
@@ -61,6 +65,109 @@ def fastchat_shim() -> None:
     pkg.utils, pkg.model, pkg.llm_judge, judge.common = utils, model, judge, common
     sys.modules.update({"fastchat": pkg, "fastchat.utils": utils, "fastchat.model": model,
                         "fastchat.llm_judge": judge, "fastchat.llm_judge.common": common})
+
+
+def rope_theta_shim(modules: list[str], job: dict) -> None:
+    """Several peers' Llama attention builds its rotary embedding with the default base 10,000 and
+    never reads the config's `rope_theta` (Spec-Bench's model/{eagle,medusa,hydra}/
+    modeling_llama_kv.py:495-499 and model/eagle/cnets.py:215-216, the Hydra repository's
+    hydra/model/modeling_llama_kv.py:495-499): on a target with another base (SmolLM2: 100,000)
+    they compute another model. After the peer's own `_init_rope` in each of `modules`, the
+    default rotary embedding is rebuilt with the config's base; RoPE scaling is left alone."""
+    for name in modules:
+        module = importlib.import_module(name)
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and "_init_rope" in vars(cls) and not getattr(cls._init_rope, "shimmed", False):
+                cls._init_rope = _with_config_rope(cls._init_rope)
+
+
+def _with_config_rope(init_rope: Callable) -> Callable:
+    def _init_rope(self) -> None:
+        init_rope(self)
+        theta, rotary = getattr(self.config, "rope_theta", None), self.rotary_emb
+        if theta is None or getattr(self.config, "rope_scaling", None) is not None or float(rotary.base) == float(theta):
+            return
+        self.rotary_emb = type(rotary)(rotary.dim, max_position_embeddings=rotary.max_position_embeddings,
+                                       base=float(theta), device=rotary.inv_freq.device)
+    _init_rope.shimmed = True
+    return _init_rope
+
+
+def gumiho_fp32_shim(modules: list[str], job: dict) -> None:
+    """Gumiho's draft forces float16 on its MLP heads: `compile_mlp` casts them to float16 and
+    torch.compiles them (gumiho/model/cnets.py:597-608), and `topK_genrate` casts their outputs
+    with `.half()` before the base LM head (cnets.py:815, 862). In a float32 run that would mix
+    dtypes (and compile for minutes on a CPU): `compile_mlp` is skipped and `.half()` keeps the
+    run's dtype, so the draft computes what it computes in float16, in float32."""
+    dtype = _dtype(job)
+    for name in modules:
+        module = importlib.import_module(name)
+        module.Model.compile_mlp = lambda self: None
+    torch.Tensor.half = lambda self, *a, **k: self.to(dtype)
+
+
+class _KeyValueHeads:
+    """A model as a KV-cache allocator that sizes by query heads should see it: `config` with the
+    key/value heads as its heads (and hidden size = those heads x head_dim), device and dtype kept."""
+
+    def __init__(self, model) -> None:
+        config = copy.copy(model.config)
+        head_dim = config.hidden_size // config.num_attention_heads
+        config.num_attention_heads = config.num_key_value_heads
+        config.hidden_size = head_dim * config.num_key_value_heads
+        self.config, self.device, self.dtype = config, model.device, model.dtype
+
+
+def kv_heads_shim(modules: list[str], job: dict) -> None:
+    """Spec-Bench's Medusa and Hydra (model/medusa/kv_cache.py:93, model/hydra/kv_cache.py:110)
+    and the Hydra repository (hydra/model/kv_cache.py:110) allocate their KV cache with one slot per
+    query head, while their attention writes one per key/value head: on a grouped-query target
+    (SmolLM2: 9 query, 3 key/value heads) the first write fails. `initialize_past_key_values` of
+    each of `modules` (imported before the peer's modules import it by name) is given the model
+    with its key/value heads as its heads, so it allocates what the attention writes."""
+    for name in modules:
+        module = importlib.import_module(name)
+        inner = module.initialize_past_key_values
+
+        @functools.wraps(inner)
+        def allocate(model, *args, _inner=inner, **kwargs):
+            return _inner(_KeyValueHeads(model), *args, **kwargs)
+        module.initialize_past_key_values = allocate
+
+
+# name -> shim(modules, job); the catalog (harness/peers/catalog.py) says which peer takes which.
+SHIMS: dict[str, Callable[[list[str], dict], None]] = {"rope_theta": rope_theta_shim, "kv_heads": kv_heads_shim,
+                                                       "gumiho_fp32": gumiho_fp32_shim}
+
+
+class StepCounter:
+    """New tokens per verify step of a peer loop that does not return them (EAGLE's `eagenerate`,
+    FasterDecoding's `medusa_generate`, ...): wraps the loop's `update_inference_inputs` in the
+    peer module that calls it (looked up there by name at every call, so no peer file is edited);
+    each call's appended ids are one step. `ids` is the sequence after the last step."""
+
+    def __init__(self, module, name: str = "update_inference_inputs") -> None:
+        self.steps: list[int] = []
+        self.ids: torch.Tensor | None = None
+        inner = getattr(module, name)
+
+        def counted(input_ids, *args, **kwargs):
+            out = inner(input_ids, *args, **kwargs)
+            self.steps.append(int(out[0].shape[1] - input_ids.shape[1]))
+            self.ids = out[0]
+            return out
+        setattr(module, name, counted)
+
+    def reset(self) -> None:
+        self.steps, self.ids = [], None
+
+    def run_stream(self, stream, max_new_tokens: int) -> None:
+        """Drive a generator loop (one yield per step, no token limit of its own) until it has
+        made `max_new_tokens` or stopped at EOS."""
+        for _ in stream:
+            if sum(self.steps) >= max_new_tokens:
+                stream.close()
+                break
 
 
 class Inputs:
@@ -117,32 +224,186 @@ def spec_bench_pld(job: dict) -> Generate:
     return generate
 
 
-def spec_bench_eagle2(job: dict) -> Generate:
-    """Spec-Bench's EAGLE-2 (`inference_eagle2.py`: EaModel.eagenerate, total_token/depth/top_k)."""
+def spec_bench_dynamic_tree(version: str) -> Callable[[dict], Generate]:
+    """Spec-Bench's EAGLE-2 or EAGLE-3 (`inference_eagle{2,3}.py`: model/eagle{2,3}/ea_model.py
+    EaModel.eagenerate with total_token/depth/top_k; EAGLE-3's loader picks its draft by use_eagle3,
+    True by default)."""
+    def build(job: dict) -> Generate:
+        fastchat_shim()
+        ea = importlib.import_module(f"model.{version}.ea_model")
+        runner = importlib.import_module(f"evaluation.inference_{version}")
+        s = job["settings"]
+        model = ea.EaModel.from_pretrained(base_model_path=job["base"], ea_model_path=job["drafter"],
+                                           total_token=s["total_token"], depth=s["depth"], top_k=s["top_k"],
+                                           torch_dtype=_dtype(job)).eval()
+
+        def generate(ids, max_new_tokens, temperature):
+            out, _new, _steps, acc = runner.ea_forward(Inputs(ids), model, model.get_tokenizer(), max_new_tokens,
+                                                       temperature=temperature)
+            return new_tokens(out, len(ids)), acc
+        return generate
+    return build
+
+
+def spec_bench_eagle(job: dict) -> Generate:
+    """Spec-Bench's EAGLE-1 (`inference_eagle.py`: ea_forward over its static tree, here the runner's
+    default mc_sim_7b_63 of model/eagle/choices.py; the draft's top-k is cnets.py's module-level 10)."""
     fastchat_shim()
-    ea = importlib.import_module("model.eagle2.ea_model")
-    runner = importlib.import_module("evaluation.inference_eagle2")
-    s = job["settings"]
+    ea = importlib.import_module("model.eagle.ea_model")
+    utils = importlib.import_module("model.eagle.utils")
+    choices = importlib.import_module("model.eagle.choices")
+    runner = importlib.import_module("evaluation.inference_eagle")
     model = ea.EaModel.from_pretrained(base_model_path=job["base"], ea_model_path=job["drafter"],
-                                       total_token=s["total_token"], depth=s["depth"], top_k=s["top_k"],
                                        torch_dtype=_dtype(job)).eval()
+    tree = getattr(choices, job["settings"]["tree_choices"])
 
     def generate(ids, max_new_tokens, temperature):
+        processor = utils.prepare_logits_processor(temperature=temperature) if temperature > 1e-5 else None
         out, _new, _steps, acc = runner.ea_forward(Inputs(ids), model, model.get_tokenizer(), max_new_tokens,
-                                                   temperature=temperature)
+                                                   tree_choices=tree, logits_processor=processor)
         return new_tokens(out, len(ids)), acc
     return generate
 
 
-def eagle_naive_ar(job: dict) -> Generate:
-    """The EAGLE code's own plain decoding (`EaModel.naivegenerate`, its speed baseline)."""
-    ea = importlib.import_module(job["settings"]["module"])
-    model = ea.EaModel.from_pretrained(base_model_path=job["base"], ea_model_path=job["drafter"],
-                                       total_token=60, depth=5, top_k=10, torch_dtype=_dtype(job)).eval()
+def spec_bench_medusa(job: dict) -> Generate:
+    """Spec-Bench's Medusa (`inference_medusa.py`: medusa_forward, 4 heads hard-coded at L200, the
+    Medusa mc_sim_7b_63 choices)."""
+    fastchat_shim()
+    medusa = importlib.import_module("model.medusa.medusa_model")
+    choices = importlib.import_module("model.medusa.medusa_choices")
+    runner = importlib.import_module("evaluation.inference_medusa")
+    s = job["settings"]
+    model = medusa.MedusaModel.from_pretrained(job["drafter"], job["base"], medusa_num_heads=s["medusa_num_heads"],
+                                               torch_dtype=_dtype(job)).eval()
+    tree = getattr(choices, s["medusa_choices"])
 
     def generate(ids, max_new_tokens, temperature):
-        out, _new, _steps = model.naivegenerate(torch.tensor([ids]), temperature=temperature,
-                                                max_new_tokens=max_new_tokens, log=True)
+        out, _new, _steps, acc = runner.medusa_forward(Inputs(ids), model, model.get_tokenizer(), max_new_tokens,
+                                                       medusa_choices=tree, temperature=temperature)
+        return new_tokens(out, len(ids)), acc
+    return generate
+
+
+def spec_bench_hydra(job: dict) -> Generate:
+    """Spec-Bench's Hydra (`inference_hydra.py`: hydra_forward, the mc_sim_7b_63 choices)."""
+    fastchat_shim()
+    hydra = importlib.import_module("model.hydra.hydra_model")
+    choices = importlib.import_module("model.hydra.hydra_choices")
+    runner = importlib.import_module("evaluation.inference_hydra")
+    model = hydra.HydraModel.from_pretrained(job["drafter"], job["base"], torch_dtype=_dtype(job)).eval()
+    tree = getattr(choices, job["settings"]["hydra_choices"])
+
+    def generate(ids, max_new_tokens, temperature):
+        out, _new, _steps, acc = runner.hydra_forward(Inputs(ids), model, model.get_tokenizer(), max_new_tokens,
+                                                      hydra_choices=tree, temperature=temperature)
+        return new_tokens(out, len(ids)), acc
+    return generate
+
+
+def _eagle_model(job: dict):
+    ea = importlib.import_module("eagle.model.ea_model")
+    s = job["settings"]
+    model = ea.EaModel.from_pretrained(use_eagle3=bool(s.get("use_eagle3")), base_model_path=job["base"],
+                                       ea_model_path=job["drafter"], total_token=s.get("total_token", 60),
+                                       depth=s.get("depth", 5), top_k=s.get("top_k", 10),
+                                       torch_dtype=_dtype(job)).eval()
+    return ea, model
+
+
+def counted(module, loop: Callable, stream: bool = False) -> Generate:
+    """generate() over a peer loop that returns no per-step counts, `loop(ids [1, P], max_new_tokens,
+    T)`: a `StepCounter` on `module` (the module whose globals the loop calls through) reads them.
+    `stream`: the loop is a generator with no token limit (one yield per step), stopped at the limit."""
+    counter = StepCounter(module)
+
+    def generate(ids, max_new_tokens, temperature):
+        counter.reset()
+        out = loop(torch.tensor([ids]), max_new_tokens, temperature)
+        if stream:
+            counter.run_stream(out, max_new_tokens)
+            out = counter.ids
+        return new_tokens(out, len(ids)), list(counter.steps)
+    return generate
+
+
+def naive(model) -> Generate:
+    """generate() over a peer's own plain decoding loop (`naivegenerate`, EAGLE's and Gumiho's speed baseline)."""
+    def generate(ids, max_new_tokens, temperature):
+        out = model.naivegenerate(torch.tensor([ids]), temperature=temperature, max_new_tokens=max_new_tokens)
+        tokens = new_tokens(out, len(ids))
+        return tokens, [1] * len(tokens)
+    return generate
+
+
+def eagle_eagenerate(job: dict) -> Generate:
+    """The EAGLE authors' current code (`eagle/model/ea_model.py`: EaModel.eagenerate; EAGLE-2 with
+    cnets1, EAGLE-3 with cnets as `use_eagle3` says; total_token/depth/top_k as its evaluation
+    scripts set them)."""
+    ea, model = _eagle_model(job)
+    return counted(ea, lambda ids, n, t: model.eagenerate(ids, temperature=t, max_new_tokens=n))
+
+
+def eagle_naive_ar(job: dict) -> Generate:
+    return naive(_eagle_model(job)[1])
+
+
+def medusa_generate(job: dict) -> Generate:
+    """FasterDecoding's Medusa (`medusa/model/medusa_model.py`: medusa_generate, the streaming loop
+    its CLI runs; its loader builds 5 heads whatever the config says, L143)."""
+    medusa = importlib.import_module("medusa.model.medusa_model")
+    choices = importlib.import_module("medusa.model.medusa_choices")
+    model = medusa.MedusaModel.from_pretrained(job["drafter"], torch_dtype=_dtype(job)).eval()
+    tree = getattr(choices, job["settings"]["medusa_choices"])
+    return counted(medusa, lambda ids, n, t: model.medusa_generate(ids, temperature=t, medusa_choices=tree), True)
+
+
+def hydra_generate(job: dict) -> Generate:
+    """The Hydra repository's Hydra++ (`hydra/model/hydra_model.py`: hydra_generate, the streaming
+    loop its CLI runs, with the mc_sim_7b_63 choices)."""
+    hydra = importlib.import_module("hydra.model.hydra_model")
+    choices = importlib.import_module("hydra.model.hydra_choices")
+    model = hydra.HydraModel.from_pretrained(job["drafter"], job["base"], torch_dtype=_dtype(job)).eval()
+    tree = getattr(choices, job["settings"]["hydra_choices"])
+    return counted(hydra, lambda ids, n, t: model.hydra_generate(ids, temperature=t, hydra_choices=tree), True)
+
+
+def _gumiho_model(job: dict):
+    """The Gumiho repository's model, built as its `GumihoModel.from_pretrained` builds it
+    (gumiho/model/gumiho_model.py:95-147) but for the draft config: that loader picks a repository
+    file by `--model_name` (L118-133), which knows only its seven targets, so ours (the exported
+    config.json) is passed to the peer's own constructor. `args` holds its evaluation scripts'
+    settings (argparse's names)."""
+    from types import SimpleNamespace
+
+    gm = importlib.import_module("gumiho.model.gumiho_model")
+    s = job["settings"]
+    base = gm.KVLlamaForCausalLM.from_pretrained(job["base"], torch_dtype=_dtype(job))
+    state = torch.load(str(Path(job["drafter"]) / "pytorch_model.bin"), map_location="cpu")
+    model = gm.GumihoModel(base, job["base"], str(Path(job["drafter"]) / "config.json"), s["total_tokens"],
+                           s["depth"], s["top_k"], 1.0, state, SimpleNamespace(**s)).eval()
+    return gm, model
+
+
+def gumiho_generate(job: dict) -> Generate:
+    """The Gumiho repository's Gumiho (`gumihoGenerate`; FTA on or off as `complete_mask` says)."""
+    gm, model = _gumiho_model(job)
+    return counted(gm, lambda ids, n, t: model.gumihoGenerate(ids, temperature=t, max_new_tokens=n))
+
+
+def gumiho_naive_ar(job: dict) -> Generate:
+    return naive(_gumiho_model(job)[1])
+
+
+def hf_ar(job: dict) -> Generate:
+    """Plain decoding with the environment's transformers (`generate`), for peers without a loop of
+    their own (FasterDecoding's Medusa, the Hydra repository)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(job["base"], torch_dtype=_dtype(job)).eval()
+
+    def generate(ids, max_new_tokens, temperature):
+        sample = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {"do_sample": False}
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, **sample)
         tokens = new_tokens(out, len(ids))
         return tokens, [1] * len(tokens)
     return generate
@@ -158,9 +419,29 @@ def _tokenizer(job: dict):
 ADAPTERS: dict[str, tuple[Callable[[dict], Generate], bool]] = {
     "spec-bench/ar": (spec_bench_hf_ar, True),
     "spec-bench/pld": (spec_bench_pld, True),
-    "spec-bench/eagle2": (spec_bench_eagle2, False),
+    "spec-bench/eagle": (spec_bench_eagle, False),
+    "spec-bench/eagle2": (spec_bench_dynamic_tree("eagle2"), False),
+    "spec-bench/eagle3": (spec_bench_dynamic_tree("eagle3"), False),
+    "spec-bench/medusa": (spec_bench_medusa, False),
+    "spec-bench/hydra": (spec_bench_hydra, False),
+    "eagle/eagle": (eagle_eagenerate, False),
     "eagle/ar": (eagle_naive_ar, True),
+    "medusa/medusa": (medusa_generate, False),
+    "hydra/hydra": (hydra_generate, False),
+    "gumiho/gumiho": (gumiho_generate, False),
+    "gumiho/ar": (gumiho_naive_ar, True),
+    "hf/ar": (hf_ar, True),
 }
+
+
+def adapter(name: str) -> tuple[Callable[[dict], Generate], bool]:
+    """ADAPTERS[name]; or, for "module:function", a builder the peer folder brings itself (imported
+    from there, its `prefill_step` attribute saying what the ADAPTERS flag says, default False)."""
+    if ":" not in name:
+        return ADAPTERS[name]
+    module, function = name.split(":", 1)
+    build = getattr(importlib.import_module(module), function)
+    return build, bool(getattr(build, "prefill_step", False))
 
 
 # ----------------------------------------------------------------------------- the job
@@ -181,12 +462,16 @@ def run(job: dict) -> int:
     torch.set_num_threads(int(job.get("threads") or 1))
     cpu_shims()
     sys.path.insert(0, str(Path(job["peer_dir"]).resolve()))
-    build, prefill_step = ADAPTERS[job["adapter"]]
+    for name, modules in (job.get("shims") or {}).items():
+        SHIMS[name](list(modules), job)
+    build, prefill_step = adapter(job["adapter"])
     generate = build(job)
     out = Path(job["out"])
     done = done_keys(out)
     clock = Clock()  # the peers run on the CPU here (cpu_shims): no device to wait for
-    with torch.no_grad():  # as the peers decode (inference-mode tensors would refuse their in-place cache updates)
+    # Without gradients, as the peers' own evaluation loops decode (inference mode there; here no_grad,
+    # since inference-mode tensors would refuse the in-place cache updates of a later call).
+    with torch.no_grad():
         generate(job["prompts"][0]["ids"], 8, 0.0)  # warm-up: first-call allocations are not the method's
     for p in job["prompts"]:
         if p["key"] in done:
@@ -194,7 +479,8 @@ def run(job: dict) -> int:
         if p.get("seed") is not None:
             torch.manual_seed(int(p["seed"]))
         start = clock.now()
-        output_ids, accept = generate(p["ids"], int(p["max_new_tokens"]), float(p["temperature"]))
+        with torch.no_grad():
+            output_ids, accept = generate(p["ids"], int(p["max_new_tokens"]), float(p["temperature"]))
         wall = clock.now() - start
         with out.open("a") as f:
             f.write(json.dumps({"key": p["key"], "output_ids": [int(t) for t in output_ids],
