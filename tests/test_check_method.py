@@ -104,6 +104,7 @@ BROKEN = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter,rule,needle,dragged", BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_broken_drafter_fails_naming_its_rule(tiny, drafter, rule, needle, dragged):
     card = check_method(f"tests.broken_drafters:{drafter}", CheckOptions(**FAST), target=tiny)

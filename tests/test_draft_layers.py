@@ -76,6 +76,7 @@ def test_other_layers_and_training_take_the_transformers_path():
     assert x.grad is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_compiled_decode_equals_the_eager_one(kind):
     """`enable_compile` (inductor's default mode here; runs use max-autotune, other GEMM codegen of

@@ -87,6 +87,7 @@ def test_ids_survive_a_bf16_checkpoint_exactly(tmp_path):
     assert bool(torch.isneginf(loaded.vocab.draft_logits(h)[:, :301]).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [Eagle, Eagle2])
 def test_greedy_stays_exact_with_a_draft_vocab(tiny_target, tmp_path, cls):
     data = tiny_dataset(tiny_target)

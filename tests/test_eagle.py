@@ -83,6 +83,7 @@ def test_greedy_equals_ar_after_brief_training(tiny_target, trained_eagle, cls):
     assert_greedy_exact(tiny_target, d, seed=97)
 
 
+@pytest.mark.slow
 def test_greedy_equals_ar_with_the_drafter_compiled(trained_eagle):
     """--compile compiles the draft layers too: EAGLE-2 on a compiled target with its draft layer
     compiled still reproduces AR token for token (inductor's default mode, to keep it short)."""

@@ -179,6 +179,7 @@ def decode_steps(target, drafter, prompts: list[list[int]]) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["eagle", "eagle2", "eagle3", "medusa", "hydra", "gumiho"])
 def test_export_loads_back_as_the_same_drafter(method, targets, committed, tmp_path):
     target = target_for(method, targets)

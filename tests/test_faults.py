@@ -79,6 +79,7 @@ def _records(path: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_kill_9_then_a_torn_line_then_resume_gives_every_record_once(smollm2_fp32, shared_data, tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, str(REPO / "cli.py"), "run", "--method", "pld", "--benchmark", "mt_bench", "--limit", "2",
@@ -117,8 +118,7 @@ def test_kill_stops_like_ctrl_c_even_when_the_shell_ignored_sigint(stop):
     work = ("import sys, time\n"
             "from harness.core.stopping import interrupt_on_stop_signals\n"
             "interrupt_on_stop_signals()\n"
-            "print('ready', flush=True)\n"
-            "try:\n    time.sleep(60)\n"
+            "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"  # ready inside the try: no race
             "except KeyboardInterrupt:\n    print('saved', flush=True)\n    sys.exit(130)\n")
     proc = subprocess.Popen([sys.executable, "-c", work], cwd=REPO, stdout=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("harness", "methods", "cli.py", "pyproject.toml", "scripts", "tests")
 SECTIONS = {"exactness", "near_ties", "law", "cost_curve", "ar_vs_hf", "compare", "official"}
@@ -40,6 +42,7 @@ def test_the_code_copy_is_small(tmp_path):
     assert size < 10 * 2**20, f"the code folders weigh {size / 2**20:.1f} MiB: the GPU box takes a copy of < 10 MiB"
 
 
+@pytest.mark.slow
 def test_quick_check_passes_from_a_code_only_copy(tmp_path):
     copy = code_copy(tmp_path / "box" / "main")  # box/shared does not exist: nothing to read there
     out = tmp_path / "gpu_check.json"

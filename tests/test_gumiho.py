@@ -117,6 +117,7 @@ def test_fta_exact_refills_freed_slots_with_the_next_best_candidates():
                                                                            (3, False)]
 
 
+@pytest.mark.slow
 def test_exact_fta_verifies_the_whole_budget(tiny_target, trained_gumiho):
     """With fta=exact every step verifies exactly the tree budget while the pool holds that many
     candidates within the answer's room (the FTA padding no longer gives slots up)."""

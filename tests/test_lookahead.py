@@ -217,6 +217,7 @@ def test_a_bad_setting_is_one_clear_error(tiny_target, bad):
         Lookahead(tiny_target, bad)
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_greedy_equals_ar_with_drafts_accepted(smollm2_fp32, shared_data):
     from tests.test_smollm2 import chat_prompts

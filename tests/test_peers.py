@@ -237,6 +237,7 @@ def peers_cfg(benchmarks: tuple[str, ...] = ("mt_bench",)) -> RunConfig:
                      max_new_tokens=8, dtype="float32")
 
 
+@pytest.mark.slow
 def test_a_peer_runs_beside_ours_on_the_same_prompts_and_resumes(fake_peer, shared_data, tmp_path, monkeypatch):
     from harness.report.run_readme import write_report
 

@@ -81,6 +81,7 @@ def test_a_module_class_path_runs_without_installing(tmp_path):
     assert "PASS: my_pkg.my_module:EchoDrafter every check passed" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_compare_gives_the_plugin_a_row_and_no_mismatch(installed, tmp_path, shared_data):
     run = tmp_path / "run"

@@ -52,6 +52,7 @@ def serial_dir(shared_data, tmp_path_factory, smollm2_fp32):
                     command="compare")
 
 
+@pytest.mark.slow
 def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, serial_dir, local_ray, monkeypatch):
     serial = {r["key"]: r for r in RunDir(serial_dir).records()}
     marker = tmp_path / "killed-once"

@@ -116,6 +116,7 @@ def test_greedy_recycling_equals_ar_with_drafts_accepted(tiny_target, config):
     assert accepted >= 40, (accepted, drafted)
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_recycling_on_smollm2_equals_ar_and_accepts(smollm2_fp32, shared_data):
     assert greedy_tau(smollm2_fp32, shared_data, TokenRecycling(smollm2_fp32)) > 1.3

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from harness.runs.config import RunConfig
 from harness.runs.executor import run_grid
 from harness.runs.metrics import attach_divergences
@@ -22,6 +24,7 @@ from harness.runs.results import RunDir
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "smollm2-135m-reference-float32.json"
 
 
+@pytest.mark.slow
 def test_reference_tau_has_not_dropped_and_outputs_equal_ar(smollm2_fp32, shared_data, tmp_path):
     prov = json.loads(BASELINE.read_text())["provenance"]
     # The same settings as the command that wrote the baseline (see its "source" and README).

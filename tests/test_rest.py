@@ -83,6 +83,7 @@ def test_a_missing_datastore_is_one_line(tiny_target, tmp_path):
         Rest(tiny_target, {"datastore": str(tmp_path / "none")})
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_rest_on_smollm2_equals_ar_and_accepts(smollm2_fp32, shared_data, tmp_path):
     """A datastore of the committed distilled answers (ids) and two real prompts."""

@@ -159,6 +159,7 @@ def test_a_sizer_learns_only_from_trees_it_sized():
     assert sizer.calibration != before
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("aux", ["recycling", "eagle2"])
 def test_samd_on_smollm2_equals_ar_and_accepts(smollm2_fp32, shared_data, aux):

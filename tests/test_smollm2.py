@@ -32,6 +32,7 @@ def test_tree_logits_equal_path_forwards(smollm2_fp32):
     assert_tree_logits_match_paths(t, prefix[:-1], tree)
 
 
+@pytest.mark.slow
 def test_pld_and_oracle_reproduce_ar(smollm2_fp32, shared_data):
     t = smollm2_fp32
     cfg = GenerationConfig(max_new_tokens=32)
@@ -53,6 +54,7 @@ def _run(target, data, out, limit=2):
     return run_grid(cfg, out, data, target=target)
 
 
+@pytest.mark.slow
 def test_run_writes_records_summary_and_resumes(smollm2_fp32, shared_data, tmp_path, monkeypatch):
     _run(smollm2_fp32, shared_data, tmp_path / "full")
     ref = RunDir(tmp_path / "full").records()

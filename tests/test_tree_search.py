@@ -121,6 +121,7 @@ FLAT = [[1, 1.0], [64, 1.0]]              # a verify costs one step whatever its
 STEEP = [[1, 1.0], [2, 2.0], [64, 64.0]]   # every token costs a step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, config", [(Medusa, {"heads": 3}), (Hydra, {"heads": 3, "layers": 1})])
 def test_auto_tree_is_sized_from_the_fitted_candidates_and_the_cost_curve(tiny_target, tmp_path, monkeypatch,
                                                                           cls, config):
