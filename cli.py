@@ -255,6 +255,7 @@ def compare(
 ):
     """AR and every method on the same prompts over benchmarks x temperatures; tables and plots. Resumes."""
     from harness.report.run_readme import write_report
+    from harness.runs.backends import make_backend
     from harness.runs.executor import run_folder, run_grid, summarize_dir
     from harness.runs.folder_lock import hold
 
@@ -265,7 +266,8 @@ def compare(
                      chat_template=chat_template, system_prompt=system_prompt,
                      typical=split_csv(typical) if typical else [])
     with hold(run_folder(cfg, out, "compare")):   # the folder's one writer from here to the report
-        run_dir = run_grid(cfg, out, data_dir, err, command="compare", ray=ray, ray_address=ray_address, pack=pack)
+        run_dir = run_grid(cfg, out, data_dir, err, command="compare",
+                           backend=make_backend(ray, ray_address, pack))
         print_summary(summarize_dir(run_dir))
         paths = write_report(run_dir, ci)
         print_markdown(run_dir / "tables" / "main.md")
@@ -308,6 +310,7 @@ def ablate(
 ):
     """Sweep drafter config keys one factor at a time around the defaults (--grid: full product), beside AR."""
     from harness.report.run_readme import write_report
+    from harness.runs.backends import make_backend
     from harness.runs.compare import ablation_grid
     from harness.runs.executor import run_folder, run_grid
     from harness.runs.folder_lock import hold
@@ -318,7 +321,7 @@ def ablate(
     cfg, variants, ablation = ablation_grid(method, set_, grid, cfg, tree_budget)
     with hold(run_folder(cfg, out, "ablate", ablation)):   # the folder's one writer from here to the report
         run_dir = run_grid(cfg, out, data_dir, err, command="ablate", variants=variants, ablation=ablation,
-                           train_steps=train_steps, ray=ray, ray_address=ray_address, pack=pack)
+                           train_steps=train_steps, backend=make_backend(ray, ray_address, pack))
         paths = write_report(run_dir, ci)
     print_markdown(run_dir / "tables" / "ablation.md")
     print_written(run_dir, paths)

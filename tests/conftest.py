@@ -34,12 +34,17 @@ def shared_data() -> Path:
     return path
 
 
-def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0, device=None, dtype=None):
+def make_tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0, device=None, dtype=None,
+                     name: str = "tiny-llama"):
     """The tiny random Llama (harness/core/tiny_target.py) as a Target on `device` (default cpu) in
-    `dtype` (default float32)."""
-    from harness.core.tiny_target import tiny_target
+    `dtype` (default float32); `Target.load("tiny")` is this one with the defaults, named "tiny"."""
+    import torch
 
-    return tiny_target(vocab, hidden, layers, seed, device, dtype, name="tiny-llama")
+    from harness.core.target import Target
+    from harness.core.tiny_target import tiny_llama
+
+    device, dtype = torch.device(device or "cpu"), dtype or torch.float32
+    return Target(tiny_llama(vocab, hidden, layers, seed).to(device=device, dtype=dtype), None, name, device, dtype)
 
 
 # ---- the device switch: `pytest --device cuda` or SPECBENCH_TEST_DEVICE=cuda ----------------------

@@ -21,6 +21,7 @@ from harness.runs.method_checks import Card, timing_row
 from harness.runs.q_check import tree_pits
 from harness.runs.tree_contract import nested, tree_violations
 from methods.registry import get_method
+from tests.conftest import make_tiny_target
 from tests.random_drafters import DATASTORE_KEYS, builtin_methods, layers_needed
 from tests.test_cli_errors import one_line_error, run_cli
 
@@ -42,9 +43,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def deep_tiny(tiny):
     """The tiny Llama with 7 layers, for EAGLE-3 (it reads three distinct target layers)."""
-    from harness.core.tiny_target import tiny_target
-
-    return tiny_target(layers=7)
+    return make_tiny_target(layers=7, name="tiny")
 
 
 def statuses(card) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.runs import distributed
+from harness.runs.backends import make_backend
 from harness.runs.config import RunConfig
 from harness.runs.executor import run_grid
 from harness.runs.results import RunDir
@@ -95,7 +96,7 @@ def resumes_with_exactly(run_dir: Path, gone: dict[str, list[int]], rerun) -> No
 def test_ray_backend_writes_what_the_local_backend_writes(shared_data, tmp_path, monkeypatch):
     local = run_grid(grid(), tmp_path / "local", shared_data, QUIET, _target(), command="compare")
     ray = on_stand_in_ray(monkeypatch)
-    out = run_grid(grid(), tmp_path / "ray", shared_data, QUIET, command="compare", ray=True)
+    out = run_grid(grid(), tmp_path / "ray", shared_data, QUIET, command="compare", backend=make_backend(ray=True))
     mine, theirs = RunDir(out).records(), {r["key"]: r for r in RunDir(local).records()}
     # (2 MT-Bench questions x 2 turns + 2 GSM8K questions) x (T=0: ar, pld; T=1: ar, pld, pld typical)
     assert len(mine) == len(theirs) == (2 * 2 + 2) * 5
@@ -117,5 +118,6 @@ def test_a_folder_missing_answers_resumes_with_exactly_those(shared_data, tmp_pa
                                                       command="compare"))
     ray = on_stand_in_ray(monkeypatch)
     gone = drop_lines(local, [3, 17])
-    resumes_with_exactly(local, gone, lambda: run_grid(grid(), local, shared_data, QUIET, command="compare", ray=True))
+    resumes_with_exactly(local, gone, lambda: run_grid(grid(), local, shared_data, QUIET, command="compare",
+                                                       backend=make_backend(ray=True)))
     assert ray.tasks.count("cell_task") == len({cell_of(k) for k in gone})  # only the cells with an answer missing

@@ -20,6 +20,8 @@ Two more rules hold what "a method is one file" means:
     or harness.train / runs / report;
   - above the methods, a method is reached only through methods.registry (methods.common is
     shared code, open to all): no `from methods.pld import ...` in the harness, cli or scripts.
+And no import circle anywhere, inside a layer too (a module-level or a lazy import inside a
+function: either closes the circle once both have run).
 """
 from __future__ import annotations
 
@@ -124,6 +126,94 @@ def violations(root: Path) -> list[str]:
             if private and target != me and layer_of(target):
                 found.append(f"{where}:{line}: {me} imports private {', '.join(private)} from {target}")
     return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """{module: the modules of this repository it imports}, lazy imports included. `from a import b`
+    points at the module a.b where there is one, else at a (whose name b is)."""
+    graph = {}
+    for file in source_files(root):
+        me = module_name(root, file)
+        package = me if file.name == "__init__.py" else me.rpartition(".")[0]
+        edges = graph.setdefault(me, set())
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if is_module(root, a.name)}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, up `level - 1` packages
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                subs = {f"{base}.{a.name}" for a in node.names if is_module(root, f"{base}.{a.name}")}
+                edges |= subs or ({base} if is_module(root, base) else set())
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of `graph`: each strongly connected component of two or more modules (or one
+    importing itself), sorted (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph.get(node, ()):
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_import_cycle_anywhere():
+    assert import_cycles(import_graph(REPO)) == []
+
+
+@pytest.mark.parametrize("file,line,circle", [
+    ("harness/core/tiny_target.py", "from harness.core.target import Target", ["harness.core.target", "harness.core.tiny_target"]),
+    ("harness/runs/executor.py", "from harness.runs.distributed import RayBackend",
+     ["harness.runs.distributed", "harness.runs.executor"]),
+    ("harness/runs/slots.py", "from harness.runs import executor", ["harness.runs.executor", "harness.runs.slots"]),
+    ("methods/common/checkpoint_io.py", "from methods.common import base", ["methods.common.base", "methods.common.checkpoint_io"]),
+    ("cli.py", "import cli", ["cli"]),
+])
+def test_an_added_circle_is_caught(tmp_path, file, line, circle):
+    """The check is not vacuous: one lazy import added to a copy of the sources closes a circle."""
+    for f in source_files(REPO):
+        dest = tmp_path / f.relative_to(REPO)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+    bad = tmp_path / file
+    bad.write_text(bad.read_text(encoding="utf-8") + "\n\ndef _added():\n" + "    " + line + "\n")
+    found = import_cycles(import_graph(tmp_path))
+    assert any(set(circle) <= set(c) for c in found), found
 
 
 def test_every_import_points_down_and_no_private_name_crosses_a_module():

@@ -22,6 +22,7 @@ except ImportError:
 
 from rich.console import Console  # noqa: E402
 
+from harness.runs.backends import make_backend  # noqa: E402
 from harness.runs.config import RunConfig  # noqa: E402
 from harness.runs.distributed import FAIL_ONCE_ENV  # noqa: E402
 from harness.runs.executor import run_grid  # noqa: E402
@@ -58,7 +59,7 @@ def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, seria
     marker = tmp_path / "killed-once"
     monkeypatch.setenv(FAIL_ONCE_ENV, str(marker))  # the first cell to answer kills its worker once
     out = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), command="compare",
-                   ray=True, pack=True)
+                   backend=make_backend(ray=True, pack=True))
     assert marker.exists(), "no worker was killed: the fault path went untested"
     records = RunDir(out).records()
     keys = [r["key"] for r in records]
@@ -82,5 +83,5 @@ def test_ray_cells_answer_as_the_single_process_run(shared_data, tmp_path, seria
     assert set(local) <= set(meta)
     # Resuming the finished folder on Ray schedules nothing and changes nothing.
     again = run_grid(spec(), tmp_path / "ray", shared_data, Console(file=io.StringIO()), command="compare",
-                   ray=True, pack=True)
+                   backend=make_backend(ray=True, pack=True))
     assert [r["key"] for r in RunDir(again).records()] == keys

@@ -11,6 +11,7 @@ import pytest
 
 from harness.core.errors import SpecbenchError
 from methods.common.token_index import SEPARATOR, TokenIndex, datastore_dir, load_datastore, suffix_array
+from tests.conftest import make_tiny_target
 
 
 def occurrences(flat: list[int], pattern: list[int]) -> list[int]:
@@ -140,10 +141,9 @@ def test_datastore_build_cli_writes_and_reports(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from cli import app
-    from harness.core.tiny_target import tiny_target
 
     folder = tmp_path / "answers"
-    write_distill(folder, tiny_target().vocab_hash(), [[1, 2, 3], [4, 5]])
+    write_distill(folder, make_tiny_target(name="tiny").vocab_hash(), [[1, 2, 3], [4, 5]])
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     res = CliRunner().invoke(app, ["datastore", "build", "--target", "tiny", "--from", str(folder), "--name", "x"])
     assert res.exit_code == 0, res.output

@@ -26,7 +26,7 @@ from harness.core.model_wheels import WHEEL_MODELS, gguf_path
 from harness.core.placement import check_device_map, io_devices
 from harness.core.layer_math import stack_supported
 from harness.core.runtime import DEFAULT_MODE, TargetRuntime, configure_inductor
-from harness.core.tiny_target import TINY_ALIAS, tiny_target
+from harness.core.tiny_target import TINY_ALIAS, tiny_llama
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -182,7 +182,7 @@ class Target:
         if device_map:
             kwargs["device_map"] = device_map
         if spec == TINY_ALIAS:  # the tiny random test model (harness/core/tiny_target.py)
-            return tiny_target(device=dev, dtype=dt)
+            return cls(tiny_llama().to(device=dev, dtype=dt), None, TINY_ALIAS, dev, dt)
         if spec in WHEEL_MODELS:
             src = cls._cached_alias(spec)
             tok = AutoTokenizer.from_pretrained(src)

@@ -2,8 +2,9 @@
 
 It is what the tests run on and what `cli.py check-method --target tiny` checks a drafter on in
 seconds: exactness, the lossless law and the tree contract do not depend on a good model. Its
-prompts are token ids (there is no text). `Target.load("tiny")` builds it, so a drafter that loads
-a draft model by name (SpS: `--set draft=tiny`) gets an identical twin.
+prompts are token ids (there is no text). `Target.load("tiny")` wraps it as a Target (this module
+knows no Target, so the two import in one direction only), so a drafter that loads a draft model
+by name (SpS: `--set draft=tiny`) gets an identical twin.
 """
 from __future__ import annotations
 
@@ -26,12 +27,3 @@ def tiny_llama(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0
         model.lm_head.weight.mul_(8.0)
     return model
 
-
-def tiny_target(vocab: int = 96, hidden: int = 64, layers: int = 2, seed: int = 0, device=None, dtype=None,
-                name: str = TINY_ALIAS):
-    """The tiny random Llama as a Target on `device` (default cpu) in `dtype` (default float32)."""
-    from harness.core.target import Target
-
-    device, dtype = torch.device(device or "cpu"), dtype or torch.float32
-    model = tiny_llama(vocab, hidden, layers, seed).to(device=device, dtype=dtype)
-    return Target(model, None, name, device, dtype)

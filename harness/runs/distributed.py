@@ -130,6 +130,8 @@ def _resources(cfg: RunConfig, pack: bool, node_cpus: int) -> tuple[dict[str, An
 class RayBackend:
     """The executor's Ray backend (see the module docstring): the driver never loads a model."""
 
+    answers_here = False
+
     def __init__(self, address: str | None, pack: bool) -> None:
         self.ray = ray_module()  # not installed: one line, before anything loads
         self.address, self.pack = address, pack

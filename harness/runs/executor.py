@@ -12,7 +12,8 @@ and an ablation's variants, come from harness/runs/compare.py.
 
 A backend builds the slots and answers what is missing: `LocalBackend` here, in this process on
 one target, by one `Runner` per temperature and rule; `harness.runs.distributed.RayBackend` as
-Ray tasks, through the same public `Runner` calls.
+Ray tasks, through the same public `Runner` calls. The caller builds it
+(harness/runs/backends.py:make_backend): the Ray backend builds on this module, never the reverse.
 """
 from __future__ import annotations
 
@@ -98,6 +99,9 @@ class Sink:
 
 
 class Backend(Protocol):
+    # Whether this process answers on a target (the driver then loads one); Ray's workers load their own.
+    answers_here: bool
+
     def start(self, grid: Grid) -> tuple[dict[str, Any], str]:
         """Build the slots: (meta.json's `methods_resolved`, the target's runtime name)."""
 
@@ -116,26 +120,18 @@ class Backend(Protocol):
 def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | None = None,
              console: Console | None = None, target: Target | None = None, *, command: str = "run",
              variants: dict[str, dict[str, Any]] | None = None, ablation: dict[str, Any] | None = None,
-             train_steps: int = 0, ray: bool = False, ray_address: str | None = None, pack: bool = False) -> Path:
+             train_steps: int = 0, backend: Backend | None = None) -> Path:
     """The one path of `cli.py run`, `compare` and `ablate` (`command`, which meta.json stores):
     check `cfg` against this machine once (data, questions, methods, settings, checkpoint), load
     the target where the driver needs it (to find the methods, check variants, or answer), build
     the `Grid` and run it by a backend into one run folder (see the module docstring); returns the
     folder (resumes finished answers). User errors are raised before the target loads.
 
-    `target`: an already loaded one (tests); `variants`/`ablation`: `ablation_grid`'s; `ray`: the
-    answers as Ray tasks (harness/runs/distributed.py), `pack` letting untimed CPU cells share a
-    node, one CPU each.
+    `target`: an already loaded one (tests); `variants`/`ablation`: `ablation_grid`'s; `backend`:
+    who answers (harness/runs/backends.py:make_backend; default: this process).
     """
     console = console or Console(stderr=True)
-    backend: Backend = LocalBackend()
-    if ray:
-        # Imported here: Ray is optional, and distributed.py builds on this module's Grid, Sink and Runner.
-        from harness.runs.distributed import RayBackend
-
-        backend = RayBackend(ray_address, pack)  # Ray not installed: one line, before anything loads
-    elif pack:
-        raise SpecbenchError("--pack packs Ray cells on a node; it needs --ray")
+    backend = backend or LocalBackend()
     request = run_request(cfg, command, ablation)
     out = run_folder(cfg, out, command, ablation)
     # Built-in benchmarks are read from the data folder; a run of prompt files alone needs none.
@@ -152,7 +148,7 @@ def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | Non
         files = {b: question_file(b, data_dir, cfg.files()) for b in questions}
         check_same_questions(RunDir(out), questions, files)   # before the target loads
         # On Ray the workers load the target; the driver needs one only to find methods or check variants.
-        if target is None and (not ray or cfg.methods is None or variants):
+        if target is None and (backend.answers_here or cfg.methods is None or variants):
             target = load_target(cfg, console)
         if cfg.methods is None:
             found = discover_methods(target, cfg.settings, console)
@@ -249,6 +245,8 @@ def lossless_refusals(cfg: RunConfig, classes: dict[str, type]) -> dict[str, str
 class LocalBackend:
     """Every answer in this process, on one target with one set of drafters shared by every
     temperature; a runner's methods take turns per prompt; summary.csv after each benchmark."""
+
+    answers_here = True
 
     def __init__(self) -> None:
         self.runners: list[Runner] = []
