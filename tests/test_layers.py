@@ -21,11 +21,15 @@ Two more rules hold what "a method is one file" means:
   - above the methods, a method is reached only through methods.registry (methods.common is
     shared code, open to all): no `from methods.pld import ...` in the harness, cli or scripts.
 And no import circle anywhere, inside a layer too (a module-level or a lazy import inside a
-function: either closes the circle once both have run).
+function: either closes the circle once both have run). Importing a module of harness.report loads
+neither torch nor a method: tables and plots read methods' display names from a static table.
 """
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +54,7 @@ RANK["scripts"] = RANK["cli"]
 RANK["peers"] = RANK["runs"]
 # Where the code is: top-level files and folders checked (examples/ holds plugin packages).
 SOURCES = ("cli.py", "harness", "methods", "scripts", "examples")
+HEAVY = ("torch", "methods")   # what a report module may not import (packages and their modules)
 
 
 def layer_of(module: str) -> str | None:
@@ -122,6 +127,9 @@ def violations(root: Path) -> list[str]:
                         and t != "methods.registry":
                     found.append(f"{where}:{line}: {me} imports {t}: above the methods, reach a method "
                                  "through methods.registry")
+            if mine == "report" and target.split(".")[0] in HEAVY:
+                found.append(f"{where}:{line}: report module {me} imports {target}: reports load no torch and "
+                             "no method (display names: harness/runs/method_display.py)")
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private and target != me and layer_of(target):
                 found.append(f"{where}:{line}: {me} imports private {', '.join(private)} from {target}")
@@ -216,6 +224,31 @@ def test_an_added_circle_is_caught(tmp_path, file, line, circle):
     assert any(set(circle) <= set(c) for c in found), found
 
 
+def heavy_imports(module: str) -> list[str]:
+    """The HEAVY modules loaded by importing `module` in a fresh interpreter."""
+    probe = (f"import sys, {module}\n"
+             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+REPORT_MODULES = sorted(module_name(REPO, f) for f in (REPO / "harness" / "report").glob("*.py")
+                        if f.name != "__init__.py")
+
+
+@pytest.mark.parametrize("module", REPORT_MODULES)
+def test_a_report_module_imports_no_torch_and_no_method(module):
+    assert heavy_imports(module) == []
+
+
+def test_the_heavy_import_probe_sees_torch_and_the_methods():
+    """Not vacuous: the executor (which runs drafters) loads both."""
+    found = heavy_imports("harness.runs.executor")
+    assert "torch" in found and "methods.registry" in found
+
+
 def test_every_import_points_down_and_no_private_name_crosses_a_module():
     assert violations(REPO) == []
 
@@ -231,6 +264,9 @@ def test_every_import_points_down_and_no_private_name_crosses_a_module():
     ("methods/hydra.py", "from methods.registry import get_method", "method file methods.hydra imports methods.registry"),
     ("harness/runs/bench.py", "from methods.pld import PromptLookupDrafter",
      "harness.runs.bench imports methods.pld: above the methods, reach a method through methods.registry"),
+    ("harness/report/tables.py", "from methods.registry import method_info",
+     "report module harness.report.tables imports methods.registry"),
+    ("harness/report/plots.py", "import torch", "report module harness.report.plots imports torch"),
     ("harness/peers/base_view.py", "from harness.report import tables",
      "harness.peers.base_view (peers) imports harness.report"),
     ("harness/peers/export.py", "from methods.medusa import Medusa",

@@ -13,7 +13,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harness.core import timing
 from harness.core.hardware import cpu_flags, cpu_kind, cpu_model
 
 # Packages whose versions change numbers (kernels, cache internals, quantisation readers).
@@ -119,12 +118,18 @@ class OtherCpuUse:
     this process's own earlier work, so a run can ask it in the middle of its measurement."""
 
     def __enter__(self) -> "OtherCpuUse":
+        # Imported here, not at the top: run folders and reports read this module's machine facts
+        # without loading torch (which the clock synchronises CUDA with).
+        from harness.core import timing
+
         self.cores: float | None = None
         # host CPU time over host wall time: the clock waits for no device
         self._start = (_busy_seconds(), _own_cpu_seconds(), timing.now())
         return self
 
     def __exit__(self, *exc) -> None:
+        from harness.core import timing
+
         busy0, own0, wall0 = self._start
         busy1, own1, wall1 = _busy_seconds(), _own_cpu_seconds(), timing.now()
         if busy0 is not None and busy1 is not None and wall1 > wall0:

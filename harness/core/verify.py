@@ -18,16 +18,13 @@ on every device.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from harness.core.errors import SpecbenchError
+from harness.core.rules import check_rule
 from harness.core.tree import DraftTree
-
-RULES = ("greedy", "lossless", "typical")
-LOSSY_RULES = {"typical"}
 
 
 @dataclass(frozen=True)
@@ -42,24 +39,6 @@ class Sampling:
         check_rule(self.acceptance, self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             raise SpecbenchError(f"--top-p must be in (0, 1], got {self.top_p}")
-
-
-def check_rule(rule: str, temperature: float) -> None:
-    """One-line errors for impossible rule/temperature combinations."""
-    if not math.isfinite(temperature) or temperature < 0:
-        raise SpecbenchError(f"--temperature must be >= 0 and finite, got {temperature}")
-    if rule not in RULES:
-        from harness.core.errors import unknown
-
-        raise unknown("acceptance rule", rule, RULES)
-    if temperature == 0 and rule != "greedy":
-        raise SpecbenchError(f"--acceptance {rule} needs --temperature > 0; at T = 0 only greedy applies")
-    if temperature > 0 and rule == "greedy":
-        raise SpecbenchError("--acceptance greedy is for --temperature 0; use lossless (default) or typical")
-
-
-def default_rule(temperature: float) -> str:
-    return "greedy" if temperature == 0 else "lossless"
 
 
 @dataclass

@@ -20,7 +20,7 @@ def curve_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def curve_markdown(frame: pd.DataFrame, settings: dict[str, Any]) -> str:
     """The table as markdown, with a caption that says what was measured."""
-    from methods.registry import method_info
+    from harness.runs.method_display import method_display
 
     lines = [f"Held-out top-1 (teacher-forced next token; step 2 = the drafter's own second step, EAGLE-3 only) "
              f"and τ ({settings.get('benchmark')} ×{settings.get('limit')}, {settings.get('max_new_tokens')} tokens, "
@@ -34,7 +34,7 @@ def curve_markdown(frame: pd.DataFrame, settings: dict[str, Any]) -> str:
              "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     for r in frame.itertuples():
         step2 = "" if pd.isna(r.held_out_top1_step2) else f"{r.held_out_top1_step2:.3f}"
-        lines.append(f"| {method_info(r.method).display_name} | {method_info(r.decoded_as).display_name} | "
+        lines.append(f"| {method_display(r.method).display_name} | {method_display(r.decoded_as).display_name} | "
                      f"{r.train_share:g} | {int(r.train_tokens):,} | {int(r.steps):,} | {r.held_out_top1:.3f} | "
                      f"{step2} | {r.tau:.2f} | {int(r.answers)} ({int(r.mismatches)}) |")
     return "\n".join(lines) + "\n"
@@ -47,13 +47,13 @@ def curve_plot(frame: pd.DataFrame, path: Path, caption: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from methods.registry import method_info
+    from harness.runs.method_display import method_display
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for method, part in frame.groupby("method", sort=False):
-        info = method_info(method)
+        info = method_display(method)
         label = info.display_name if method == part["decoded_as"].iloc[0] else \
-            f"{info.display_name} weights as {method_info(part['decoded_as'].iloc[0]).display_name}"
+            f"{info.display_name} weights as {method_display(part['decoded_as'].iloc[0]).display_name}"
         for ax, column in zip(axes, ["held_out_top1", "tau"]):
             ax.plot(part["train_tokens"], part[column], marker="o", color=info.color, label=label)
     ticks = sorted(frame["train_tokens"].unique())

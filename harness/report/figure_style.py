@@ -1,5 +1,5 @@
 """The look every figure shares: one column wide (3.4 in, ~700 px at README width), small fonts,
-one colour per method (declared by the method, methods.registry.method_info) and a palette for
+one colour per method (harness/runs/method_display.py) and a palette for
 the variants of one method, a grey caption line under everything, and files that carry no date or
 software version (PNG and SVG), so a rebuild gives identical bytes. Drawing is in
 harness/report/plots.py."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.files import write_atomic
-from methods.registry import method_info
+from harness.runs.method_display import method_display
 
 # Several variants of one method (ablations): one colour each, in variant order, after the
 # method's own colour (which the first variant, the default, takes).
@@ -24,7 +24,7 @@ CAPTION_CHARS = 84     # characters per caption line at the caption's font size 
 
 def method_color(method: str) -> str:
     """The method's declared colour (AR grey; a stable spare colour for undeclared methods)."""
-    return method_info(method).color
+    return method_display(method).color
 
 
 def variant_colors(method: str) -> list[str]:

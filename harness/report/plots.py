@@ -1,7 +1,7 @@
 """Paper-style figures of a run's statistics, and the τ history across commits.
 
 The shared look (size, fonts, colours, captions, date-free files) is harness/report/figure_style.py;
-every figure names a method by its declared display name (methods.registry.method_info). Lossy rows are hatched or drawn
+every figure names a method by its display name (harness/runs/method_display.py). Lossy rows are hatched or drawn
 hollow. Every figure ends with a caption line: target, dtype, machine, answers per cell (or row),
 and the interval shown. Files: `plots/{speedup,tau,depth,time}.{png,svg}` (+ `ablation.*` for
 `cli.py ablate` folders); `history.{png,svg}` for `cli.py history`. PNG and SVG carry no date or
@@ -33,10 +33,10 @@ from harness.report.figure_style import (
 )
 from harness.report.statistics import Cell, RunStats
 from harness.report.tables import answers_text, benchmark_title, frame_label, setting_text
+from harness.runs.method_display import method_display
 from harness.runs.metrics import CI_LEVEL
 from harness.runs.record import AR_METHOD, is_lossy
 from harness.runs.run_data import MEAN, Row, RunData, display_label, fmt_temperature, row_label
-from methods.registry import method_info
 
 # Draft / verify / other in the time plot: greys and a hatch, apart from the method colours.
 PART_STYLE = {"draft": ("#3A3A3A", ""), "verify": ("#B4B4B4", ""), "other": ("#FFFFFF", "//////")}
@@ -365,7 +365,7 @@ def plot_training_curves(frame: pd.DataFrame, out: Path, name: str = "training-c
     line style; each panel's legend at its right."""
     from matplotlib.lines import Line2D
 
-    methods = sorted(dict.fromkeys(frame["method"]), key=lambda m: method_info(m).order)
+    methods = sorted(dict.fromkeys(frame["method"]), key=lambda m: method_display(m).order)
     with agg_context():
         fig = new_figure(0.45 + 1.35 * len(methods))
         axes = fig.subplots(len(methods), 1, squeeze=False, sharex=True)[:, 0]

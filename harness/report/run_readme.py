@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.files import write_atomic
-from harness.core.verify import default_rule
+from harness.core.rules import default_rule
 from harness.report.plots import write_plots
 from harness.report.statistics import compute_stats
 from harness.report.tables import write_tables
 from harness.runs.folder_lock import hold
+from harness.runs.method_display import method_display
 from harness.runs.settings import TREE_BUDGET
 from harness.runs.run_data import RunData, display_label, fmt_temperature, load_run
-from methods.registry import method_info
 
 README = "README.md"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -235,7 +235,7 @@ def readme_text(run: RunData) -> str:
     methods = list(dict.fromkeys(display_label(r.method) for r in run.rows))
     facts = [
         ("Target", f"{target} ({dtype})"),
-        ("Methods", ", ".join(methods) + f" (beside {method_info('ar').display_name}, the baseline)"),
+        ("Methods", ", ".join(methods) + f" (beside {method_display('ar').display_name}, the baseline)"),
         ("Ablation", _ablation(run.ablation)),
         ("Benchmarks", ", ".join(run.benchmarks)),
         ("Temperatures", ", ".join(fmt_temperature(t) for t in run.temperatures)),

@@ -2,7 +2,7 @@
 
 Layout as in the EAGLE / Gumiho papers: one block per temperature, a Speedup and a τ column per
 benchmark, a Mean column, and the row's Tokens/verify (the budget it ran at). Rows carry the
-methods' display names (methods.registry.method_info); rows whose acceptance rule is lossy
+methods' display names (harness/runs/method_display.py); rows whose acceptance rule is lossy
 (typical) carry "(typical, lossy)" and never compete for emphasis.
 
 Emphasis is honest: a value is bold only when its 95% bootstrap interval clears every other lossless

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from harness.core.errors import SpecbenchError
-from harness.core.verify import Sampling, check_rule
+from harness.core.rules import check_rule
+from harness.core.verify import Sampling
 from harness.runs.benchmarks import PromptFile
 
 # Stored only when set (run folders made before these keys existed keep their config hash).

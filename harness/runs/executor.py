@@ -37,8 +37,8 @@ from rich.progress import (
 from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.machine_meta import OtherCpuUse
+from harness.core.rules import LOSSY_RULES
 from harness.core.target import Target, check_target_spec
-from harness.core.verify import LOSSY_RULES
 from harness.runs.benchmarks import Question, load_questions, official_prompts, question_file, resolve_data_dir
 from harness.runs.compare import check_arch_variants, discover_methods
 from harness.runs.config import RunConfig

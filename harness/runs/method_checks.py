@@ -39,7 +39,8 @@ import torch
 from harness.core.decode import DraftContext, Generation, GenerationConfig, drafting_weights, generate, prefill
 from harness.core.errors import SpecbenchError
 from harness.core.target import Target
-from harness.core.verify import RULES, Sampling
+from harness.core.rules import RULES
+from harness.core.verify import Sampling
 from harness.runs.metrics import first_divergence
 from harness.runs.tree_contract import nested, same_tree, token_paths, tree_violations
 

@@ -16,7 +16,7 @@ from harness.core.hardware import cpu_kind
 from harness.runs.metrics import attach_divergences, dedupe
 from harness.runs.record import AR_METHOD, Record
 from harness.runs.results import RunDir
-from methods.registry import method_departures, method_info
+from harness.runs.method_display import method_display
 
 MEAN = "mean"   # the column after the benchmarks: their arithmetic mean
 
@@ -27,9 +27,9 @@ def fmt_temperature(t: float) -> str:
 
 def display_label(name: str, method: str | None = None) -> str:
     """`name` (a method, `method [hash]`, or an ablation variant's label) as tables and plots print
-    it: a method's declared display name (methods.registry.method_info), a variant's own label."""
+    it: a method's display name (harness/runs/method_display.py), a variant's own label."""
     method = method or name
-    shown = method_info(method).display_name
+    shown = method_display(method).display_name
     if name == method:
         return shown
     if name.startswith(f"{method} ["):  # one method under several unlabelled configs
@@ -117,11 +117,19 @@ class RunData:
         return any(len(c) > 1 for c in configs.values())
 
 
+def _departures(method: str, config: dict) -> tuple[str, ...]:
+    """How a record's config departs from its paper's algorithm (`Drafter.departures`): code of the
+    method's class, so this (not the module's import) imports the method and torch."""
+    from methods.registry import method_departures
+
+    return tuple(method_departures(method, config))
+
+
 def _row_of(rec: Record, names: dict[str, str]) -> Row:
     chash = rec.config_hash or ""
     name = names.get(chash, rec.method)
     # A labelled variant (an ablation's, a peer's) says what it is itself.
-    departures = tuple(method_departures(rec.method, rec.method_config)) if name == rec.method else ()
+    departures = _departures(rec.method, rec.method_config) if name == rec.method else ()
     return Row(rec.temperature, rec.method, chash, rec.acceptance, name, rec.lossy, departures)
 
 
@@ -170,7 +178,7 @@ def load_run(path: Path, skip_invalid: bool = False) -> RunData:
         accept_seen.setdefault(rec.acceptance, len(accept_seen))
 
     def order(row: Row) -> tuple:  # methods in their declared order; a method's variants as the run listed them
-        return (row.temperature, method_info(row.method).order,
+        return (row.temperature, method_display(row.method).order,
                 label_order.get(row.name, len(label_order) + first_seen[row.name]), accept_seen[row.acceptance])
 
     rows = sorted((r for r in by_row if r.method != AR_METHOD), key=order)
