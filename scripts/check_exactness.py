@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from harness.testing.oracle import OracleDrafter  # noqa: E402
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -21,7 +22,6 @@ from harness.core.target import Target  # noqa: E402
 from harness.runs.benchmarks import benchmark_names, load_questions  # noqa: E402
 from harness.runs.metrics import first_divergence  # noqa: E402
 from methods.registry import get_method  # noqa: E402
-from tests.oracle import OracleDrafter  # noqa: E402
 
 
 def prompts(target: Target, data: str, n: int) -> list[list[int]]:

@@ -3,7 +3,7 @@
   python scripts/gpu_check.py --out gpu_check.json                  # the device torch sees (cuda: <= 8 min, H100)
   python scripts/gpu_check.py --device cpu --quick --out FILE        # CI: <= 2 min on one core
 
-Needs only the code folders (harness/ methods/ scripts/ tests/ cli.py), torch, transformers,
+Needs only the code folders (harness/ methods/ scripts/ cli.py), torch, transformers,
 accelerate, safetensors, tokenizers, typer, rich, pandas, matplotlib, pytest (+ the jsonlines and
 gguf wheels); no network, no checkpoints/, datasets/ or ../shared: every target, drafter, tokenizer
 and prompt is made here, random-initialised and seeded, in a scratch folder. Checks, each one row
@@ -44,7 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-CODE = ("harness", "methods", "scripts", "tests", "cli")
+CODE = ("harness", "methods", "scripts", "cli")
 # What the issue lets the code import on the box, and what those install with them.
 ALLOWED = {"torch", "transformers", "accelerate", "safetensors", "tokenizers", "sentencepiece", "typer", "rich",
            "pandas", "matplotlib", "pytest", "jsonlines", "gguf",
@@ -100,10 +100,10 @@ import torch  # noqa: E402
 from harness.core.decode import GenerationConfig, generate  # noqa: E402
 from harness.core.target import Target  # noqa: E402
 from harness.runs.metrics import bf16_ulp, first_divergence  # noqa: E402
-from tests.hub_layouts import (OFFICIAL_LAYOUTS, make_tokenizer, random_model, text_of, vicuna_like,  # noqa: E402
+from harness.testing.hub_layouts import (OFFICIAL_LAYOUTS, make_tokenizer, random_model, text_of, vicuna_like,  # noqa: E402
                                write_hub_target, write_official)
-from tests.oracle import OracleDrafter  # noqa: E402
-from tests.random_drafters import (builtin_methods, datastore_settings, layers_needed, method_settings,  # noqa: E402
+from harness.testing.oracle import OracleDrafter  # noqa: E402
+from harness.testing.random_drafters import (builtin_methods, datastore_settings, layers_needed, method_settings,  # noqa: E402
                                    perturbed_copy, random_drafter)
 
 HALF = (torch.bfloat16, torch.float16)
@@ -291,7 +291,7 @@ def make_prompts(vocab: int, n: int, seed: int, length: int = 48) -> list[list[i
 
 def per_prompt_drafters(target: Target, method: str, budget: int, prompts: list[list[int]], ars) -> list:
     """The drafter each prompt runs with: one random-initialised `method` drafter for all
-    (tests/random_drafters.py), or for "oracle" one that knows that prompt's AR answer."""
+    (harness/testing/random_drafters.py), or for "oracle" one that knows that prompt's AR answer."""
     if method == "oracle":
         return [OracleDrafter(target, {"continuation": ar.output_ids, "prompt_len": len(p), "seed": i})
                 for i, (p, ar) in enumerate(zip(prompts, ars))]
@@ -564,7 +564,7 @@ def check_compare(rep: Report, tg: Targets, methods: list[str], n: int, tokens: 
 
 
 def check_official(rep: Report, tg: Targets, n: int, tokens: int, budget: int) -> None:
-    """The released layouts (tests/hub_layouts.py) load onto a hub-format Vicuna-shaped target on the
+    """The released layouts (harness/testing/hub_layouts.py) load onto a hub-format Vicuna-shaped target on the
     device; greedy answers exact in float32, near ties in float16 (the Vicuna papers' dtype)."""
     cfg = vicuna_like()
     folder = write_hub_target(tg.work / "targets" / "vicuna-like", cfg, seed=7)

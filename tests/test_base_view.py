@@ -19,7 +19,7 @@ THETA = 100000.0
 def source(tmp_path_factory):
     from transformers import LlamaConfig
 
-    from tests.hub_layouts import write_hub_target
+    from harness.testing.hub_layouts import write_hub_target
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, rope_theta=THETA, tie_word_embeddings=True, bos_token_id=None,

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from harness.testing.random_drafters import DATASTORE_KEYS, builtin_methods, layers_needed
 from typer.testing import CliRunner
 
 from cli import app
@@ -22,7 +23,6 @@ from harness.runs.q_check import tree_pits
 from harness.runs.tree_contract import nested, tree_violations
 from methods.registry import get_method
 from tests.conftest import make_tiny_target
-from tests.random_drafters import DATASTORE_KEYS, builtin_methods, layers_needed
 from tests.test_cli_errors import one_line_error, run_cli
 
 GREEDY_ONLY = "tests.broken_drafters:GreedyOnly"

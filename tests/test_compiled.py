@@ -12,9 +12,9 @@ import torch
 
 from harness.core.runtime import BUCKETS, RuntimeCache, bucket
 from harness.core.decode import GenerationConfig, generate
+from harness.testing.oracle import OracleDrafter
 from methods.pld import PromptLookupDrafter
 from tests.conftest import make_tiny_target
-from tests.oracle import OracleDrafter
 from tests.test_exactness import prompts
 
 TOL = dict(atol=1e-4, rtol=1e-4)  # float32: two GEMM codegens of the same sums

@@ -9,10 +9,10 @@ import torch
 
 from harness.core.decode import GenerationConfig, generate
 from harness.runs.metrics import first_divergence
+from harness.testing.oracle import OracleDrafter
+from harness.testing.random_drafters import builtin_methods, layers_needed, random_drafter
 from methods.pld import PromptLookupDrafter
 from tests.conftest import make_tiny_target
-from tests.oracle import OracleDrafter
-from tests.random_drafters import builtin_methods, layers_needed, random_drafter
 from tests.test_exactness import prompts
 
 

@@ -6,6 +6,7 @@ import torch
 
 from harness.core.decode import DraftContext
 from harness.core.verify import Sampling
+from harness.testing.official_states import eagle_official_state
 from methods.common.eagle_core import EagleCore
 from methods.eagle import Eagle
 from methods.eagle2 import Eagle2
@@ -98,27 +99,9 @@ def test_greedy_equals_ar_with_the_drafter_compiled(trained_eagle):
     assert {1, 8} <= runtime.compiled_buckets  # observe's rows and the 8-beam expansions ran compiled
 
 
-def _official_state(h=64, v=96, i=128, nh=4, nkv=2, bias=True, emb=True):
-    hd = h // nh
-    st = {"fc.weight": torch.randn(h, 2 * h),
-          "layers.0.self_attn.q_proj.weight": torch.randn(nh * hd, h),
-          "layers.0.self_attn.k_proj.weight": torch.randn(nkv * hd, h),
-          "layers.0.self_attn.v_proj.weight": torch.randn(nkv * hd, h),
-          "layers.0.self_attn.o_proj.weight": torch.randn(h, nh * hd),
-          "layers.0.mlp.gate_proj.weight": torch.randn(i, h),
-          "layers.0.mlp.up_proj.weight": torch.randn(i, h),
-          "layers.0.mlp.down_proj.weight": torch.randn(h, i),
-          "layers.0.post_attention_layernorm.weight": torch.randn(h)}
-    if bias:
-        st["fc.bias"] = torch.randn(h)
-    if emb:
-        st["embed_tokens.weight"] = torch.randn(v, h)
-    return st
-
-
 @pytest.mark.parametrize("bias,emb", [(True, True), (False, False)])
 def test_official_layout_loads(tiny_target, tmp_path, bias, emb):
-    st = _official_state(bias=bias, emb=emb)
+    st = eagle_official_state(bias=bias, emb=emb)
     torch.save(st, tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 1}')
     d = Eagle.from_pretrained(tmp_path, tiny_target)
@@ -133,7 +116,7 @@ def test_official_layout_loads(tiny_target, tmp_path, bias, emb):
 
 def test_official_draft_config_sizes_win_over_the_targets(tiny_target, tmp_path):
     # A released draft may declare other layer sizes than its target (EAGLE's Vicuna-33B config does).
-    st = _official_state(i=176, nkv=4)
+    st = eagle_official_state(i=176, nkv=4)
     torch.save(st, tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text('{"hidden_size": 64, "intermediate_size": 176, "num_key_value_heads": 4}')
     d = Eagle.from_pretrained(tmp_path, tiny_target)

@@ -10,11 +10,12 @@ import torch
 from harness.core.decode import DraftContext, GenerationConfig, generate, prefill
 from harness.core.kvcache import KVCache
 from harness.core.verify import Sampling
+from harness.testing.official_states import eagle3_official_state
+from harness.testing.oracle import OracleDrafter
 from harness.train.data import DistillBatch, FeatureDataset
 from harness.train.features import shard_tensors
 from methods.eagle3 import Eagle3, eagle3_layers
 from tests.conftest import make_tiny_target
-from tests.oracle import OracleDrafter
 from tests.train_helpers import assert_greedy_exact, tiny_prompts, train_quickly
 
 LAYERS = 7  # the fewest target layers with three distinct captures: inputs of layers 2, 3, 4
@@ -223,29 +224,6 @@ def test_d2t_t2d_round_trip(target7):
 
 
 # ---- official checkpoint layout --------------------------------------------------------------
-def official_state(h=64, v=96, vd=32, i=128, nh=4, nkv=2) -> dict[str, torch.Tensor]:
-    """The 15 keys of an EAGLE-3 checkpoint written by the official trainer (checkpoints.md §4.4)."""
-    hd = h // nh
-    st = {"midlayer.self_attn.q_proj.weight": torch.randn(nh * hd, 2 * h),
-          "midlayer.self_attn.k_proj.weight": torch.randn(nkv * hd, 2 * h),
-          "midlayer.self_attn.v_proj.weight": torch.randn(nkv * hd, 2 * h),
-          "midlayer.self_attn.o_proj.weight": torch.randn(h, nh * hd),
-          "midlayer.mlp.gate_proj.weight": torch.randn(i, h),
-          "midlayer.mlp.up_proj.weight": torch.randn(i, h),
-          "midlayer.mlp.down_proj.weight": torch.randn(h, i),
-          "midlayer.hidden_norm.weight": torch.randn(h),
-          "midlayer.input_layernorm.weight": torch.randn(h),
-          "midlayer.post_attention_layernorm.weight": torch.randn(h),
-          "fc.weight": torch.randn(h, 3 * h),
-          "norm.weight": torch.randn(h),
-          "lm_head.weight": torch.randn(vd, h)}
-    used = torch.randperm(v, generator=torch.Generator().manual_seed(1))[:vd].sort().values
-    st["d2t"] = used - torch.arange(vd)
-    st["t2d"] = torch.zeros(v, dtype=torch.bool)
-    st["t2d"][used] = True
-    return {k: (t.half() if t.is_floating_point() else t) for k, t in st.items()}
-
-
 def write_official(folder, st, vd=32):
     torch.save(st, folder / "pytorch_model.bin")
     (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
@@ -254,7 +232,7 @@ def write_official(folder, st, vd=32):
 
 
 def test_official_layout_loads(target7, tmp_path):
-    st = official_state()
+    st = eagle3_official_state()
     assert len(st) == 15
     write_official(tmp_path, st)
     d = Eagle3.from_pretrained(tmp_path, target7, {"total_tokens": 16})
@@ -281,7 +259,7 @@ def test_official_layout_loads(target7, tmp_path):
 
 def test_official_layout_at_full_vocab_ignores_d2t(target7, tmp_path):
     """With draft_vocab_size == the target's vocab the official loader deletes d2t/t2d; so do we."""
-    st = official_state(vd=96)
+    st = eagle3_official_state(vd=96)
     write_official(tmp_path, st, vd=96)
     d = Eagle3.from_pretrained(tmp_path, target7)
     assert d.config["draft_vocab"] == 0 and d.d2t is None and "d2t" not in d.state_dict()

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness.core.decode import Answer, GenerationConfig, generate
+from harness.testing.oracle import OracleDrafter
 from methods.pld import PromptLookupDrafter
-from tests.oracle import OracleDrafter
 
 
 def prompts(vocab: int, n: int = 20) -> list[list[int]]:

@@ -247,7 +247,7 @@ def test_the_rope_base_spec_bench_eagle1_ignores_is_a_departure(targets):
     from transformers import LlamaConfig
 
     from harness.core.target import Target
-    from tests.hub_layouts import random_model
+    from harness.testing.hub_layouts import random_model
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, rope_theta=100000.0)

@@ -11,9 +11,12 @@ The layers, bottom to top (the design's rules, written once, here):
   harness.runs            benchmarks, runner, run folders, statistics, compare, regress, bench
   harness.peers           the official implementations beside ours (drafter export, base model
                           views, the peer runner); on the level of harness.runs
+  harness.testing         test doubles the tests and scripts share (oracle and random drafters,
+                          official checkpoint layouts); on the level of harness.runs
   harness.report          tables and plots
   cli, scripts            the command line and the hand-run scripts (may import anything below)
 A module may import its own layer and any layer below it; lazy imports inside functions count.
+No code imports a module of tests/ (a test module is no library: shared test doubles are harness.testing).
 Two more rules hold what "a method is one file" means:
   - a method file (methods/<name>.py, and a plugin's module under examples/) imports from this
     repository only harness.core and methods.common: never another method file, the registry,
@@ -37,7 +40,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # (layer, module prefix); a module belongs to the layer with the longest prefix it matches, so
 # methods.common is not counted with the methods above it. cli and scripts share the top rank;
-# harness.peers shares the rank of harness.runs.
+# harness.peers and harness.testing share the rank of harness.runs.
 LAYERS = [
     ("core", "harness.core"),
     ("common", "methods.common"),
@@ -45,6 +48,7 @@ LAYERS = [
     ("train", "harness.train"),
     ("runs", "harness.runs"),
     ("peers", "harness.peers"),
+    ("testing", "harness.testing"),
     ("report", "harness.report"),
     ("cli", "cli"),
     ("scripts", "scripts"),
@@ -52,6 +56,7 @@ LAYERS = [
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 RANK["scripts"] = RANK["cli"]
 RANK["peers"] = RANK["runs"]
+RANK["testing"] = RANK["runs"]
 # Where the code is: top-level files and folders checked (examples/ holds plugin packages).
 SOURCES = ("cli.py", "harness", "methods", "scripts", "examples")
 HEAVY = ("torch", "methods")   # what a report module may not import (packages and their modules)
@@ -127,6 +132,9 @@ def violations(root: Path) -> list[str]:
                         and t != "methods.registry":
                     found.append(f"{where}:{line}: {me} imports {t}: above the methods, reach a method "
                                  "through methods.registry")
+            if target.split(".")[0] == "tests":
+                found.append(f"{where}:{line}: {me} imports the test module {target}: code imports no test; "
+                             "what tests and code share lives in harness/testing")
             if mine == "report" and target.split(".")[0] in HEAVY:
                 found.append(f"{where}:{line}: report module {me} imports {target}: reports load no torch and "
                              "no method (display names: harness/runs/method_display.py)")
@@ -267,6 +275,11 @@ def test_every_import_points_down_and_no_private_name_crosses_a_module():
     ("harness/report/tables.py", "from methods.registry import method_info",
      "report module harness.report.tables imports methods.registry"),
     ("harness/report/plots.py", "import torch", "report module harness.report.plots imports torch"),
+    ("scripts/gpu_check.py", "from tests.conftest import make_tiny_target",
+     "scripts.gpu_check imports the test module tests.conftest"),
+    ("harness/runs/bench.py", "import tests.oracle", "harness.runs.bench imports the test module tests.oracle"),
+    ("harness/testing/hub_layouts.py", "from harness.report import tables",
+     "harness.testing.hub_layouts (testing) imports harness.report"),
     ("harness/peers/base_view.py", "from harness.report import tables",
      "harness.peers.base_view (peers) imports harness.report"),
     ("harness/peers/export.py", "from methods.medusa import Medusa",

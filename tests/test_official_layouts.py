@@ -5,18 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.testing.official_states import hydra_official_state, medusa_official_state
 from methods.hydra import Hydra
 from methods.medusa import Medusa
 from tests.train_helpers import vicuna7b_meta
-
-
-def medusa_official_state(h: int, v: int, heads: int = 5) -> dict[str, torch.Tensor]:
-    st = {}
-    for i in range(heads):
-        st[f"{i}.0.linear.weight"] = torch.randn(h, h)
-        st[f"{i}.0.linear.bias"] = torch.randn(h)
-        st[f"{i}.1.weight"] = torch.randn(v, h)
-    return st
 
 
 def test_medusa_official_layout_loads(tiny_target, tmp_path):
@@ -31,36 +23,6 @@ def test_medusa_official_layout_loads(tiny_target, tmp_path):
     f = torch.randn(h)
     assert torch.allclose(d.head_logits(2, f), st["2.1.weight"] @ (f + torch.nn.functional.silu(
         st["2.0.linear.weight"] @ f + st["2.0.linear.bias"])), atol=1e-4)
-
-
-def hydra_official_state(h: int, v: int, i_size: int, nh: int, nkv: int, heads: int = 4, layers: int = 4):
-    hd = h // nh
-    p = "prefix_embeding_layer."
-    st = {p + "embed_tokens.weight": torch.randn(v, h),
-          p + "layers.0.self_attn.q_proj.weight": torch.randn(nh * hd, h),
-          p + "layers.0.self_attn.k_proj.weight": torch.randn(nkv * hd, h),
-          p + "layers.0.self_attn.v_proj.weight": torch.randn(nkv * hd, h),
-          p + "layers.0.self_attn.o_proj.weight": torch.randn(h, nh * hd),
-          p + "layers.0.self_attn.rotary_emb.inv_freq": torch.randn(hd // 2),
-          p + "layers.0.mlp.gate_proj.weight": torch.randn(i_size, h),
-          p + "layers.0.mlp.up_proj.weight": torch.randn(i_size, h),
-          p + "layers.0.mlp.down_proj.weight": torch.randn(h, i_size),
-          p + "layers.0.input_layernorm.weight": torch.randn(h),
-          p + "layers.0.post_attention_layernorm.weight": torch.randn(h),
-          p + "norm.weight": torch.randn(h),
-          "input_embed_fn.weight": torch.randn(v, h)}
-    for i in range(heads):
-        st[f"hydra_mlp.{i}.1.linear.weight"] = torch.randn(h, (i + 2) * h)
-        st[f"hydra_mlp.{i}.1.linear.bias"] = torch.randn(h)
-        st[f"hydra_mlp.{i}.1.res_connection.weight"] = torch.randn(h, (i + 2) * h)
-        st[f"hydra_mlp.{i}.1.res_connection.bias"] = torch.randn(h)
-        shared_w, shared_b = torch.randn(h, h), torch.randn(h)  # one module object, repeated
-        for j in range(3, 2 * layers, 2):
-            st[f"hydra_mlp.{i}.{j}.linear.weight"] = shared_w
-            st[f"hydra_mlp.{i}.{j}.linear.bias"] = shared_b
-        st[f"hydra_lm_head.{i}.1.weight"] = torch.randn(v, h)
-        st[f"hydra_lm_head.{i}.1.bias"] = torch.randn(v)
-    return st
 
 
 def test_hydra_official_layout_loads(tiny_target, tmp_path):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from harness.runs.metrics import attach_divergences
 from harness.runs.results import RunDir
-from tests.hub_layouts import text_of, vicuna_like, write_hub_target, write_official
+from harness.testing.hub_layouts import text_of, vicuna_like, write_hub_target, write_official
 from tests.test_exactness import prompts
 
 METHODS = ("medusa", "hydra", "eagle", "eagle2", "eagle3", "gumiho")

@@ -12,8 +12,8 @@ from harness.runs.benchmarks import load_questions
 from harness.runs.config import RunConfig
 from harness.runs.executor import run_grid, summarize_dir
 from harness.runs.results import RunDir
+from harness.testing.oracle import OracleDrafter
 from methods.pld import PromptLookupDrafter
-from tests.oracle import OracleDrafter
 from tests.train_helpers import assert_tree_logits_match_paths
 
 

@@ -1,7 +1,7 @@
 """Hub-format folders made locally: a random-initialised target as `from_pretrained` reads it
 (config.json, model.safetensors, a tokenizer) and drafter checkpoints in the official layouts of
 Medusa, Hydra, EAGLE, EAGLE-3 and Gumiho (synthetic weights of the released key names and shapes,
-shared/docs/checkpoints.md; the per-method builders are the layout tests' own). What the paper
+shared/docs/checkpoints.md; the per-method builders are harness/testing/official_states.py). What the paper
 recipe loads, checked without the hub: tests/test_paper_recipe.py and scripts/gpu_check.py.
 
 The tokenizer is a word-level one over the target's whole vocabulary (`w0` ... `w{V-1}`, split on
@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from harness.testing.official_states import (eagle3_official_state, eagle_official_state, hydra_official_state,
+                                             medusa_official_state)
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
@@ -74,16 +77,12 @@ def _small(state: dict[str, torch.Tensor], scale: float = 0.05) -> dict[str, tor
 
 
 def _medusa(folder: Path, cfg) -> None:
-    from tests.test_official_layouts import medusa_official_state
-
     torch.save(_small(medusa_official_state(cfg.hidden_size, cfg.vocab_size)), folder / "medusa_lm_head.pt")
     # The released config.json: only medusa_num_layers is read (checkpoints.md §1.3).
     (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 5, "medusa_num_layers": 1}))
 
 
 def _hydra(folder: Path, cfg) -> None:
-    from tests.test_official_layouts import hydra_official_state
-
     st = hydra_official_state(cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.num_attention_heads,
                               cfg.num_key_value_heads)
     torch.save(_small(st), folder / "hydra_lm_head.pt")
@@ -92,9 +91,7 @@ def _hydra(folder: Path, cfg) -> None:
 
 
 def _eagle(folder: Path, cfg) -> None:
-    from tests.test_eagle import _official_state
-
-    st = _official_state(cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.num_attention_heads,
+    st = eagle_official_state(cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.num_attention_heads,
                          cfg.num_key_value_heads, bias=True, emb=True)  # the Vicuna-era file (fp32, embedding)
     torch.save(_small(st), folder / "pytorch_model.bin")
     (folder / "config.json").write_text(json.dumps({
@@ -104,10 +101,8 @@ def _eagle(folder: Path, cfg) -> None:
 
 
 def _eagle3(folder: Path, cfg) -> None:
-    from tests.test_eagle3 import official_state
-
     vd = cfg.vocab_size // 4
-    st = official_state(cfg.hidden_size, cfg.vocab_size, vd, cfg.intermediate_size, cfg.num_attention_heads,
+    st = eagle3_official_state(cfg.hidden_size, cfg.vocab_size, vd, cfg.intermediate_size, cfg.num_attention_heads,
                         cfg.num_key_value_heads)
     torch.save(_small(st), folder / "pytorch_model.bin")
     (folder / "config.json").write_text(json.dumps({
@@ -119,10 +114,10 @@ def _eagle3(folder: Path, cfg) -> None:
 def _gumiho(folder: Path, cfg) -> None:
     """The file's keys (checkpoints.md §5.4): ours without the `stack.` prefix, plus the embedding."""
     from harness.core.target import Target
-    from methods.gumiho import Gumiho
+    from methods.registry import get_method
 
     shell = Target(random_model(cfg, 0), None, "shape-only", torch.device("cpu"), torch.float32)
-    ours = Gumiho(shell, {"draft_vocab": 0}).state_dict()
+    ours = get_method("gumiho")(shell, {"draft_vocab": 0}).state_dict()
     st = {k.replace("stack.", "", 1): torch.randn_like(v) for k, v in ours.items()}
     st["embed_tokens.weight"] = torch.randn(cfg.vocab_size, cfg.hidden_size)
     torch.save(_small(st), folder / "pytorch_model.bin")
