@@ -1,7 +1,7 @@
 """docs/architecture.md stays true: every `file.py:name` it names is defined in that file, every
 package folder under harness/ and methods/ is named, its layer diagram lists the layers in the
-order tests/test_layers.py enforces, and the measured length of the path of one prompt is the
-length of the numbered list it sums up."""
+order tests/test_layers.py enforces, the path of one prompt is a path in the code (each step is
+called by an earlier step's function), and its measured length is the length of that list."""
 from __future__ import annotations
 
 import ast
@@ -31,16 +31,21 @@ def path_section(text: str) -> str:
     return text[start:text.index("\n## ", start + 1)]
 
 
-def defines(tree: ast.Module, name: str) -> bool:
-    """Whether the module defines `name` at top level (a function or class), or `Class.method`."""
+def function_node(tree: ast.Module, name: str) -> ast.AST | None:
+    """The definition of `name` (a top-level function or class, or `Class.method`) in the module."""
     head, _, member = name.partition(".")
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == head:
             if not member:
-                return True
-            return isinstance(node, ast.ClassDef) and any(
-                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == member for n in node.body)
-    return False
+                return node
+            return next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and n.name == member), None)
+    return None
+
+
+def defines(tree: ast.Module, name: str) -> bool:
+    """Whether the module defines `name` at top level (a function or class), or `Class.method`."""
+    return function_node(tree, name) is not None
 
 
 def missing_refs(text: str, root: Path) -> list[str]:
@@ -52,6 +57,24 @@ def missing_refs(text: str, root: Path) -> list[str]:
             out.append(f"{file}:{name}: no such file")
         elif not defines(ast.parse(path.read_text(encoding="utf-8")), name):
             out.append(f"{file}:{name}: {file} defines no {name}")
+    return out
+
+
+def called_names(root: Path, file: str, name: str) -> set[str]:
+    """The names `file:name` calls: `f(...)` gives f, `x.f(...)` gives f."""
+    node = function_node(ast.parse((root / file).read_text(encoding="utf-8")), name)
+    calls = [n.func for n in ast.walk(node) if isinstance(n, ast.Call)] if node is not None else []
+    return {f.id if isinstance(f, ast.Name) else f.attr for f in calls if isinstance(f, (ast.Name, ast.Attribute))}
+
+
+def unreached_steps(text: str, root: Path) -> list[str]:
+    """The numbered steps of the path that no earlier step's function calls (by the callee's name)."""
+    steps = [s.split(":") for _, s in STEP.findall(path_section(text))]
+    out = []
+    for i, (file, name) in enumerate(steps[1:], start=2):
+        callee = name.rpartition(".")[2]
+        if not any(callee in called_names(root, f, n) for f, n in steps[:i - 1]):
+            out.append(f"step {i} `{file}:{name}`: no earlier step calls {callee}")
     return out
 
 
@@ -119,6 +142,24 @@ def test_the_measured_path_is_the_numbered_list():
     assert [n.strip() for n in names.split(",")] == [Path(f).name for f in files]
     bracketed = {f for inner in re.findall(r"\[([^\]]*)\]", section) for f, _ in REF.findall(inner)}
     assert extra == len(bracketed - set(files))
+
+
+def test_each_step_of_the_path_is_called_by_an_earlier_one():
+    assert unreached_steps(doc_text(), REPO) == []
+
+
+def test_a_step_no_longer_called_is_caught(tmp_path):
+    """Not vacuous: in a copy where the report no longer calls write_tables, step 13 is unreached."""
+    for file, _ in REF.findall(doc_text()):
+        dest = tmp_path / file
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / file, dest)
+    readme = tmp_path / "harness/report/run_readme.py"
+    source = readme.read_text(encoding="utf-8")
+    assert "write_tables(" in source
+    readme.write_text(source.replace("write_tables(", "other_tables("), encoding="utf-8")
+    assert unreached_steps(doc_text(), tmp_path) == [
+        "step 13 `harness/report/tables.py:write_tables`: no earlier step calls write_tables"]
 
 
 @pytest.mark.parametrize("text,needle", [

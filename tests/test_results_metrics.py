@@ -326,10 +326,6 @@ def test_rundir_refuses_records_without_meta(tmp_path, fake_meta, run_records):
         run.open({"a": 1})
 
 
-def test_metrics_module_exports():
-    assert metrics.AR_METHOD == "ar"
-
-
 def test_attach_divergences_marks_later_turns_inherited():
     from harness.runs.metrics import attach_divergences
 
