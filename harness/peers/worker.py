@@ -150,7 +150,7 @@ class _CpuTorch(types.ModuleType):
 
 def cuda_device_shim(modules: list[str], job: dict) -> None:
     """Spec-Bench's Token Recycling runner builds its tree buffers with
-    `device=torch.device('cuda:0')` (evaluation/inference_recycling.py:78-80, 92, 104): each of
+    `device=torch.device('cuda:0')` (evaluation/inference_recycling.py:80-82, 95, 101): each of
     `modules` (imported here, FastChat's stand-in first) reads `torch` through a view whose
     `device` is the CPU; the peer's tensors and arithmetic are torch's own."""
     fastchat_shim()
@@ -354,7 +354,7 @@ def spec_bench_recycling(job: dict) -> Generate:
     `adj_matrix`, template `tree_version`, top-`output_id_topk` rows). The runner's `__main__` makes
     one zero matrix for the whole benchmark; here each answer gets a new zero matrix (settings
     `adjacency: per answer`), so an answer does not depend on which ran before it in this
-    process. Its loop stops on an EOS bonus without appending it (L131-133): an answer that
+    process. Its loop stops on an EOS bonus without appending it (L135-137): an answer that
     stops short of the limit gets that EOS back, so it is cut where ours is."""
     fastchat_shim()
     runner = importlib.import_module("evaluation.inference_recycling")
