@@ -91,6 +91,8 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
          "spec-bench/ar", settings={"samd_n_predicts": 40, "samd_len_threshold": 5, "samd_len_bias": 5,
                                     "tree_method": None, "static_sam_path": None, "attn_implementation": "sdpa"},
          ours={"aux": "none", "corpus": "none", "n_predicts": 40, "len_threshold": 5, "len_bias": 5, "alpha": 4.0}),
+    # REST runs over PyPI's draftretriever 0.1.1 (the vendored 0.1.0 needs crates.io to build), whose
+    # search is not the vendored one's: docs/peers.md, "Training-free peers".
     Peer("spec-bench/rest", "rest", "REST (Spec-Bench)", SPEC_BENCH, "4.37.1", "spec-bench/rest", "spec-bench/ar",
          settings={"datastore": "default", "num_draft": 64, "max_token_span": 16},
          ours={"datastore": "default", "num_draft": 64, "max_span": 16, "min_span": 2},
