@@ -20,12 +20,18 @@ declare -A PINS=(
   # EAGLE's current code (its Qwen3 model needs masking_utils); kernels as 4.53 pins it, over the system one
   [4.53.3]="tokenizers>=0.21,<0.22 huggingface-hub<1.0 kernels>=0.6.1,<0.7"
 )
+# transformers version -> what the peers of that environment import beyond it (Spec-Bench's REST:
+# DraftRetriever, whose vendored Rust source needs crates.io to build, so PyPI's wheel; its SAM-Decoding:
+# datasets, imported by its automaton builder)
+declare -A EXTRAS=(
+  [4.37.1]="draftretriever==0.1.1 datasets==2.21.0"
+)
 for version in "${!PINS[@]}"; do
   env="$VENVS/transformers-$version"
   if [ ! -x "$env/bin/python" ]; then
     "$PY" -m venv --system-site-packages "$env"
   fi
   # shellcheck disable=SC2086
-  "$env/bin/python" -m pip install -q "transformers==$version" ${PINS[$version]} "numpy<2.3" sentencepiece protobuf shortuuid tqdm loguru addict
+  "$env/bin/python" -m pip install -q "transformers==$version" ${PINS[$version]} "numpy<2.3" sentencepiece protobuf shortuuid tqdm loguru addict ${EXTRAS[$version]:-}
   "$env/bin/python" -c "import torch, transformers; print('$env: torch', torch.__version__, 'transformers', transformers.__version__)"
 done

@@ -304,6 +304,114 @@ def test_a_missing_environment_names_the_setup_command(fake_peer, shared_data, t
         run_peers([peer.name], peers_cfg(), tmp_path / "run", shared_data, root, QUIET, target=_target())
 
 
+# ----------------------------------------------------------------------------- the training-free peers
+DEVICE_PEER = """
+    import torch
+
+    def buffers(n):
+        return torch.zeros(n, dtype=torch.long, device=torch.device('cuda:0')), torch.ones(n).sum()
+"""
+
+
+def test_cuda_device_shim_builds_a_peers_cuda_tensors_on_the_cpu(tmp_path, monkeypatch):
+    module = fake_module(tmp_path, monkeypatch, "fake_device_peer", DEVICE_PEER)
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):  # what Spec-Bench's recycling runner does on a CPU
+            module.buffers(3)
+    worker.cuda_device_shim(["fake_device_peer"], {})
+    ids, total = module.buffers(3)
+    assert ids.device.type == "cpu" and ids.tolist() == [0, 0, 0] and total.item() == 3.0
+    assert module.torch.long is torch.long  # every other name is torch's own
+
+
+class FakeRetriever(types.ModuleType):
+    """draftretriever's Writer as PyPI's 0.1.1 has it (`file_path`), recording its entries."""
+
+    def __init__(self) -> None:
+        super().__init__("draftretriever")
+        self.entries: list[list[int]] = []
+        fake = self
+
+        class Writer:
+            def __init__(self, file_path, vocab_size=None):
+                self.path, fake.vocab = file_path, vocab_size
+
+            def add_entry(self, py_text):
+                fake.entries.append(list(py_text))
+
+            def finalize(self):
+                Path(self.path).write_text("index")
+        self.Writer = Writer
+
+
+def test_rest_peer_index_holds_one_entry_per_document_of_our_datastore(tmp_path, monkeypatch):
+    import numpy as np
+
+    fake = FakeRetriever()
+    monkeypatch.setitem(sys.modules, "draftretriever", fake)
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.array([5, 6, 7, -1, 8, -1, 9, 10], dtype=np.int32))
+    index = tmp_path / "idx" / "rest.idx"
+    assert worker.retriever_index(str(tokens), str(index), 49152) == str(index)
+    assert fake.entries == [[5, 6, 7], [8], [9, 10]] and fake.vocab == 49152 and index.read_text() == "index"
+    assert worker.retriever_index(str(tokens), str(index), 49152) == str(index)  # written once
+    assert len(fake.entries) == 3
+
+
+def test_a_retrieval_peer_needs_our_datastore_and_other_peers_none(tmp_path, monkeypatch):
+    from harness.peers.runner import peer_datastore
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    assert peer_datastore(PEERS["spec-bench/lookahead"], _target(), tmp_path) == {}
+    with pytest.raises(SpecbenchError, match="datastore build"):
+        peer_datastore(PEERS["spec-bench/rest"], _target(), tmp_path)
+
+
+def test_new_tokens_reads_tensors_and_lists():
+    assert worker.new_tokens(torch.tensor([[1, 2, 3, 4]]), 2) == [3, 4]
+    assert worker.new_tokens([[1, 2, 3, 4]], 3) == [4]  # SAM-Decoding returns a list of lists
+
+
+RECYCLING_RUNNER = """
+    import torch
+
+    def recycling_forward(inputs, model, tokenizer, max_new_tokens, output_id_topk=8, tree_version="2.2.2"):
+        assert adj_matrix.shape == (model.vocab_size, output_id_topk) and not adj_matrix.any()  # a new zero matrix
+        adj_matrix[0, 0] = 1  # what an answer leaves behind
+        n = inputs.input_ids.shape[1]
+        out = torch.cat([inputs.input_ids, torch.tensor([OUTPUTS.pop(0)])], dim=1)
+        return out, out.shape[1] - n, 1, [1]
+"""
+
+
+def test_recycling_peer_starts_each_answer_anew_and_keeps_its_eos(tmp_path, monkeypatch):
+    """The runner's loop stops on an EOS bonus without appending it: an answer short of the limit
+    gets it back; a fresh adjacency matrix for every answer."""
+    peer = tmp_path / "peer"
+    (peer / "evaluation").mkdir(parents=True)
+    (peer / "model" / "recycling").mkdir(parents=True)
+    (peer / "evaluation" / "inference_recycling.py").write_text(textwrap.dedent(RECYCLING_RUNNER))
+    (peer / "model" / "recycling" / "modeling_llama_kv.py").write_text(textwrap.dedent("""
+        class LlamaForCausalLM:
+            vocab_size = 11
+            @classmethod
+            def from_pretrained(cls, *a, **k):
+                return cls()
+            def eval(self):
+                return self
+    """))
+    for pkg in ("evaluation", "model", "model.recycling", "evaluation.inference_recycling",
+                "model.recycling.modeling_llama_kv"):
+        monkeypatch.delitem(sys.modules, pkg, raising=False)
+    monkeypatch.syspath_prepend(str(peer))
+    monkeypatch.setattr(worker, "_tokenizer", lambda job: types.SimpleNamespace(eos_token_id=2))
+    generate = worker.spec_bench_recycling({"base": "unused", "dtype": "float32", "settings": PEERS[
+        "spec-bench/recycling"].settings})
+    sys.modules["evaluation.inference_recycling"].OUTPUTS = [[7, 8], [7, 8, 9, 4]]
+    assert generate([1, 2, 3], 4, 0.0) == ([7, 8, 2], [1])   # stopped short: its EOS bonus restored
+    assert generate([1, 2, 3], 4, 0.0) == ([7, 8, 9, 4], [1])  # at the limit: nothing added
+
+
 # ----------------------------------------------------------------------------- the real peers
 PEER_ROOT = Path(os.environ.get("SPECBENCH_PEERS") or Path(__file__).resolve().parents[2] / "shared" / "peers")
 

@@ -18,6 +18,8 @@ SHIM_NOTES: dict[str, str] = {
     "kv_heads": "the peer allocates its KV cache with one slot per query head while its attention writes one per "
                 "key/value head, so on a grouped-query target the first write fails; the shim sizes the cache by "
                 "key/value heads",
+    "cuda_device": "the peer builds tensors on torch.device('cuda:0'); the shim gives the peer module a torch whose "
+                   "device() is the CPU",
     "gumiho_fp32": "the peer casts its MLP heads to float16 and torch.compiles them (cnets.py:597-608) and casts "
                    "their outputs with .half() before the LM head (cnets.py:815,862); the shim skips compile_mlp "
                    "and makes .half() keep the run's dtype, so the draft runs in float32 as the base model does",
@@ -75,6 +77,26 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
     Peer("spec-bench/pld", "pld", "Prompt lookup (Spec-Bench)", SPEC_BENCH, "4.37.1", "spec-bench/pld",
          "spec-bench/ar", settings={"draft_matching_window_size": 3, "draft_num_candidate_tokens": 10},
          ours={"max_ngram": 3, "min_ngram": 1, "max_draft": 10, "adaptive": False, "match": "first"}),
+    # The training-free peers (Spec-Bench's runners' defaults). Token Recycling's runner keeps one
+    # adjacency matrix for the benchmark: here each answer starts from a zero one, on both sides.
+    Peer("spec-bench/lookahead", "lookahead", "Lookahead (Spec-Bench)", SPEC_BENCH, "4.37.1", "spec-bench/lookahead",
+         "spec-bench/ar", settings={"level": 3, "window": 10, "guess": 10},
+         ours={"level": 3, "window": 10, "guess": 10, "full_ngram": False}),
+    Peer("spec-bench/recycling", "recycling", "Token Recycling (Spec-Bench)", SPEC_BENCH, "4.37.1",
+         "spec-bench/recycling", "spec-bench/ar",
+         settings={"tree_version": "2.2.2", "output_id_topk": 8, "adjacency": "per answer"},
+         ours={"tree": "2.2.2", "topk": 8, "update": "tree", "keep_across_answers": False},
+         shims={"cuda_device": ("evaluation.inference_recycling",)}),
+    Peer("spec-bench/samd", "samd", "SAM-Decoding (Spec-Bench)", SPEC_BENCH, "4.37.1", "spec-bench/samd",
+         "spec-bench/ar", settings={"samd_n_predicts": 40, "samd_len_threshold": 5, "samd_len_bias": 5,
+                                    "tree_method": None, "static_sam_path": None, "attn_implementation": "sdpa"},
+         ours={"aux": "none", "corpus": "none", "n_predicts": 40, "len_threshold": 5, "len_bias": 5, "alpha": 4.0}),
+    # REST runs over PyPI's draftretriever 0.1.1 (the vendored 0.1.0 needs crates.io to build), whose
+    # search is not the vendored one's: docs/peers.md, "Training-free peers".
+    Peer("spec-bench/rest", "rest", "REST (Spec-Bench)", SPEC_BENCH, "4.37.1", "spec-bench/rest", "spec-bench/ar",
+         settings={"datastore": "default", "num_draft": 64, "max_token_span": 16},
+         ours={"datastore": "default", "num_draft": 64, "max_span": 16, "min_span": 2},
+         shims={"kv_heads": ("model.rest.rest.model.kv_cache",)}),
     Peer("eagle/eagle2", "eagle2", "EAGLE-2 (EAGLE)", "eagle", "4.53.3", "eagle/eagle", "eagle/ar",
          settings={**EAGLE_TREE, "use_eagle3": False}, ours=OURS_EAGLE_TREE, layout="eagle"),
     Peer("eagle/eagle3", "eagle3", "EAGLE-3 (EAGLE)", "eagle", "4.53.3", "eagle/eagle", "eagle/ar",

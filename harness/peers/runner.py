@@ -239,7 +239,8 @@ def run_peer_side(peer: Peer, adapter: str, method: str, config: dict[str, Any],
                "base": str(files["base"]), "drafter": str(files["drafter"]) if files.get("drafter") else None,
                "settings": peer.settings, "shims": {k: list(v) for k, v in peer.shims.items()},
                "dtype": str(target.dtype).replace("torch.", ""), "threads": threads,
-               "prompts": prompts, "out": str((answers / f"{tag}-turn{turn}.jsonl").resolve())}
+               "prompts": prompts, "out": str((answers / f"{tag}-turn{turn}.jsonl").resolve()),
+               **(files.get("datastore") or {})}
         label = f"{peer.label if method != AR_METHOD else 'AR (' + peer.source + ')'} turn {turn + 1}"
         results = run_worker(peer_python(peer), job, work / f"{tag}-turn{turn}.json", console, label)
         for res in results:
@@ -296,7 +297,7 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
     for p in peers:
         commit = peer_commit(peer_root, p)
         impl = implementation(p, commit)
-        files = {"base": base, "drafter": drafters.get(p.layout)}
+        files = {"base": base, "drafter": drafters.get(p.layout), "datastore": peer_datastore(p, target, work)}
         for adapter, method, config, label in (
                 (p.ar_adapter, AR_METHOD, ar_config(impl), f"AR ({p.folder})"),
                 (p.adapter, p.method, peer_config(p, impl), p.label)):
@@ -321,6 +322,22 @@ def run_peers(names: list[str], cfg: RunConfig, out: Path, data_dir: str | Path 
 
 
 # ----------------------------------------------------------------------------- what the peers read
+def peer_datastore(peer: Peer, target, work: Path) -> dict[str, str]:
+    """For a retrieval peer (settings name a `datastore`): our datastore's tokens, which the worker
+    writes once into the peer's own index format, at a path keyed by the datastore's meta.json (a
+    rebuilt datastore gets a new index). A missing or corrupt datastore stops here, in one line."""
+    name = peer.settings.get("datastore")
+    if not name:
+        return {}
+    from methods.common.token_index import datastore_dir, load_datastore
+
+    load_datastore(name, target)
+    folder = datastore_dir(name, target.name)
+    key = hashlib.sha256((folder / "meta.json").read_bytes()).hexdigest()[:16]
+    return {"datastore_tokens": str(folder / "tokens.npy"),
+            "datastore_index": str(work / "datastores" / f"{peer.source}-{name}-{key}.idx")}
+
+
 def base_view(target_spec: str, work: Path) -> Path:
     """The target as the peers' transformers read it (harness/peers/base_view.py), written once."""
     from harness.peers.base_view import base_folder, write_base_view

@@ -13,7 +13,8 @@ so a killed worker resumes.
 JOB.json: {"adapter": name in ADAPTERS (or "module:function", see `adapter`), "peer_dir": folder,
 "base": target folder in the layout the peer's transformers reads, "drafter": folder of the
 drafter weights in the official layout or null, "settings": the peer's own knobs, "dtype":
-"float32" | "bfloat16", "threads": n,
+"float32" | "bfloat16", "threads": n, for a retrieval peer "datastore_tokens" (our datastore's
+tokens.npy) and "datastore_index" (where its own index of them is written once),
 "shims": {name in SHIMS: [peer modules]}, "prompts": [{"key", "ids", "max_new_tokens", "temperature"}],
 "out": results .jsonl}
 A result line: {"key", "output_ids", "accept_lengths" (new tokens per verify step, the peer's own
@@ -135,9 +136,31 @@ def kv_heads_shim(modules: list[str], job: dict) -> None:
         module.initialize_past_key_values = allocate
 
 
+class _CpuTorch(types.ModuleType):
+    """torch as a peer module that builds tensors on `torch.device('cuda:0')` should see it on the
+    CPU: `device(...)` is the CPU, every other name is torch's own."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.device = lambda *a, **k: torch.device("cpu")
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+def cuda_device_shim(modules: list[str], job: dict) -> None:
+    """Spec-Bench's Token Recycling runner builds its tree buffers with
+    `device=torch.device('cuda:0')` (evaluation/inference_recycling.py:80-82, 95, 101): each of
+    `modules` (imported here, FastChat's stand-in first) reads `torch` through a view whose
+    `device` is the CPU; the peer's tensors and arithmetic are torch's own."""
+    fastchat_shim()
+    for name in modules:
+        importlib.import_module(name).torch = _CpuTorch()
+
+
 # name -> shim(modules, job); the catalog (harness/peers/catalog.py) says which peer takes which.
 SHIMS: dict[str, Callable[[list[str], dict], None]] = {"rope_theta": rope_theta_shim, "kv_heads": kv_heads_shim,
-                                                       "gumiho_fp32": gumiho_fp32_shim}
+                                                       "gumiho_fp32": gumiho_fp32_shim, "cuda_device": cuda_device_shim}
 
 
 class StepCounter:
@@ -178,8 +201,9 @@ class Inputs:
         self.attention_mask = torch.ones_like(self.input_ids)
 
 
-def new_tokens(output: torch.Tensor, prompt_len: int) -> list[int]:
-    return output[0, prompt_len:].tolist()
+def new_tokens(output, prompt_len: int) -> list[int]:
+    """The new ids of row 0 of `output` ([1, P + n] tensor or list of lists)."""
+    return [int(t) for t in list(output[0])[prompt_len:]]
 
 
 # ----------------------------------------------------------------------------- adapters
@@ -296,6 +320,132 @@ def spec_bench_hydra(job: dict) -> Generate:
     def generate(ids, max_new_tokens, temperature):
         out, _new, _steps, acc = runner.hydra_forward(Inputs(ids), model, model.get_tokenizer(), max_new_tokens,
                                                       hydra_choices=tree, temperature=temperature)
+        return new_tokens(out, len(ids)), acc
+    return generate
+
+
+def spec_bench_lookahead(job: dict) -> Generate:
+    """Spec-Bench's Lookahead (`inference_lookahead.py` with USE_LADE=1: model/lade's
+    `augment_all` patches transformers' greedy search, `config_lade` sets level/window/guess;
+    `lookahead_forward` calls `generate`, which returns the ids and its per-step counts)."""
+    import os
+
+    fastchat_shim()
+    from transformers import AutoModelForCausalLM
+
+    os.environ["USE_LADE"], os.environ["CHAT"] = "1", "0"
+    lade = importlib.import_module("model.lade.utils")
+    lade.augment_all()
+    s = job["settings"]
+    lade.config_lade(LEVEL=s["level"], WINDOW_SIZE=s["window"], GUESS_SET_SIZE=s["guess"], DEBUG=0, USE_FLASH=0,
+                     DIST_WORKERS=1)
+    runner = importlib.import_module("evaluation.inference_lookahead")
+    model = AutoModelForCausalLM.from_pretrained(job["base"], torch_dtype=_dtype(job)).eval()
+    tokenizer = _tokenizer(job)
+
+    def generate(ids, max_new_tokens, temperature):
+        out, _new, _steps, acc = runner.lookahead_forward(Inputs(ids), model, tokenizer, max_new_tokens)
+        return new_tokens(out, len(ids)), acc
+    return generate
+
+
+def spec_bench_recycling(job: dict) -> Generate:
+    """Spec-Bench's Token Recycling (`inference_recycling.py`: recycling_forward over the module's
+    `adj_matrix`, template `tree_version`, top-`output_id_topk` rows). The runner's `__main__` makes
+    one zero matrix for the whole benchmark; here each answer gets a new zero matrix (settings
+    `adjacency: per answer`), so an answer does not depend on which ran before it in this
+    process. Its loop stops on an EOS bonus without appending it (L135-137): an answer that
+    stops short of the limit gets that EOS back, so it is cut where ours is."""
+    fastchat_shim()
+    runner = importlib.import_module("evaluation.inference_recycling")
+    llama = importlib.import_module("model.recycling.modeling_llama_kv")
+    s = job["settings"]
+    model = llama.LlamaForCausalLM.from_pretrained(job["base"], torch_dtype=_dtype(job)).eval()
+    tokenizer = _tokenizer(job)
+
+    def generate(ids, max_new_tokens, temperature):
+        runner.adj_matrix = torch.zeros((model.vocab_size, s["output_id_topk"]), dtype=torch.long)
+        out, _new, _steps, acc = runner.recycling_forward(Inputs(ids), model, tokenizer, max_new_tokens,
+                                                          output_id_topk=s["output_id_topk"],
+                                                          tree_version=s["tree_version"])
+        tokens = new_tokens(out, len(ids))
+        if len(tokens) < max_new_tokens and (not tokens or tokens[-1] != tokenizer.eos_token_id):
+            tokens.append(tokenizer.eos_token_id)
+        return tokens, acc
+    return generate
+
+
+def spec_bench_samd(job: dict) -> Generate:
+    """Spec-Bench's SAM-Decoding (`inference_samd.py`: SamdModel over the target loaded as its
+    `__main__` loads it, a DraftModel with its `samd_*` settings, `tree_method` and the static
+    automaton as the settings say (the runner's defaults: none, so the dynamic automaton alone))."""
+    fastchat_shim()
+    from transformers import AutoModelForCausalLM
+
+    samd = importlib.import_module("model.samd")
+    runner = importlib.import_module("evaluation.inference_samd")
+    s, dtype = job["settings"], _dtype(job)
+    model = AutoModelForCausalLM.from_pretrained(job["base"], torch_dtype=dtype, device_map="cpu",
+                                                 attn_implementation=s["attn_implementation"]).eval()
+    tokenizer = _tokenizer(job)
+    device = next(model.lm_head.parameters()).device
+    config = samd.SamdConfig(n_predicts=s["samd_n_predicts"], tree_method=s["tree_method"], tree_model_path=None,
+                             len_threshold=s["samd_len_threshold"], len_bias=s["samd_len_bias"], tree_path=None)
+    draft = samd.DraftModel(config, sam_static=None, lm=model, dtype=dtype, device=device)
+    model = samd.SamdModel(config, model, draft, tokenizer.eos_token_id, dtype, device)
+
+    def generate(ids, max_new_tokens, temperature):
+        out, _new, _steps, acc = runner.samd_forward(Inputs(ids), model, tokenizer, max_new_tokens,
+                                                     temperature=temperature, do_sample=temperature > 0)
+        return new_tokens(out, len(ids)), acc
+    return generate
+
+
+def retriever_index(tokens_file: str, index_file: str, vocab_size: int) -> str:
+    """REST's datastore in its own format (a DraftRetriever index), written once from our datastore's
+    tokens (tokens.npy, documents separated by -1): each document is one entry, as its
+    `get_datastore_chat.py` adds one per conversation turn."""
+    import numpy as np
+    import draftretriever
+
+    index = Path(index_file)
+    if index.exists():
+        return str(index)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tokens = np.load(tokens_file, allow_pickle=False)
+    tmp = index.with_name(index.name + ".tmp")
+    try:  # the vendored DraftRetriever's Writer (0.1.0); PyPI's 0.1.1 names the file `file_path` and has no chunk size
+        writer = draftretriever.Writer(index_file_path=str(tmp), max_chunk_len=512 * 1024 * 1024, vocab_size=vocab_size)
+    except TypeError:
+        writer = draftretriever.Writer(file_path=str(tmp), vocab_size=vocab_size)
+    for doc in np.split(tokens, np.flatnonzero(tokens < 0)):
+        doc = doc[doc >= 0]
+        if doc.size:
+            writer.add_entry(doc.tolist())
+    writer.finalize()
+    tmp.replace(index)
+    return str(index)
+
+
+def spec_bench_rest(job: dict) -> Generate:
+    """Spec-Bench's REST (`inference_rest.py`: rest_forward with RestModel, a DraftRetriever reader
+    of the datastore, `num_draft` and spans `max_token_span`..2), greedy (top_p 0) at T = 0."""
+    fastchat_shim()
+    import draftretriever
+
+    s = job["settings"]
+    rest = importlib.import_module("model.rest.rest.model.rest_model")
+    runner = importlib.import_module("evaluation.inference_rest")
+    model = rest.RestModel.from_pretrained(job["base"], torch_dtype=_dtype(job)).eval()
+    vocab = json.loads((Path(job["base"]) / "config.json").read_text())["vocab_size"]
+    datastore = draftretriever.Reader(index_file_path=retriever_index(job["datastore_tokens"],
+                                                                      job["datastore_index"], vocab))
+    spans = list(range(2, s["max_token_span"] + 1))[::-1]
+
+    def generate(ids, max_new_tokens, temperature):
+        out, _new, _steps, acc = runner.rest_forward(Inputs(ids), model, model.get_tokenizer(), max_new_tokens,
+                                                     temperature=temperature, top_p=0.0, datastore=datastore,
+                                                     num_draft=s["num_draft"], token_spans=spans)
         return new_tokens(out, len(ids)), acc
     return generate
 
@@ -424,6 +574,10 @@ ADAPTERS: dict[str, tuple[Callable[[dict], Generate], bool]] = {
     "spec-bench/eagle3": (spec_bench_dynamic_tree("eagle3"), False),
     "spec-bench/medusa": (spec_bench_medusa, False),
     "spec-bench/hydra": (spec_bench_hydra, False),
+    "spec-bench/lookahead": (spec_bench_lookahead, True),
+    "spec-bench/recycling": (spec_bench_recycling, True),
+    "spec-bench/samd": (spec_bench_samd, False),
+    "spec-bench/rest": (spec_bench_rest, False),
     "eagle/eagle": (eagle_eagenerate, False),
     "eagle/ar": (eagle_naive_ar, True),
     "medusa/medusa": (medusa_generate, False),
