@@ -37,6 +37,7 @@ from rich.progress import (
 from harness.core.decode import Generation, GenerationConfig, generate
 from harness.core.errors import SpecbenchError
 from harness.core.machine_meta import OtherCpuUse
+from harness.core.paths import beside_repo
 from harness.core.rules import LOSSY_RULES
 from harness.core.target import Target, check_target_spec
 from harness.runs.benchmarks import Question, load_questions, official_prompts, question_file, resolve_data_dir
@@ -171,7 +172,7 @@ def run_grid(cfg: RunConfig, out: Path | None = None, data_dir: str | Path | Non
         # What the timings ran on (harness/core/runtime.py): the same config may run on either.
         run_dir.write_extra({"target_runtime": runtime})
         if data_dir is not None:
-            run_dir.write_extra({"data_dir": str(data_dir)})
+            run_dir.write_extra({"data_dir": beside_repo(data_dir)})
         backend.warm_up(grid)
         existing = {r.key: r for r in run_dir.read_records()}
         label, total = backend.plan(grid, existing)
