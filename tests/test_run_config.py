@@ -17,7 +17,10 @@ from harness.runs import executor
 from harness.runs.config import RunConfig
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = sorted(p.parent for p in (REPO / "results").rglob("records.jsonl"))  # run folders
+# Run folders made by run/compare/ablate. A `cli.py peers` folder is left out: its command also runs
+# the official implementations in their own environments, which this replay through run_grid skips.
+FOLDERS = sorted(p.parent for p in (REPO / "results").rglob("records.jsonl")
+                 if json.loads((p.parent / "meta.json").read_text())["config"].get("command") != "peers")
 
 
 class Handed(Exception):
